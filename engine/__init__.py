@@ -1,0 +1,1 @@
+"""tunebench engine: everything that trains. Never imports textual or workbench."""

@@ -1,0 +1,1 @@
+"""tunebench workbench: the Textual app, the launcher and the CLI."""

@@ -1,0 +1,64 @@
+"""The `tunebench` command line.
+
+`tunebench` with no arguments opens the workbench. Every subcommand lives in its own module under
+`workbench/commands/` and exposes `register(subparsers)`; each registers a parser whose `func`
+takes the parsed arguments and returns an exit code. Command modules import heavy libraries
+(torch, textual, datasets) inside their functions so that `tunebench --help` and the workbench start fast.
+
+Errors that the user can fix (`UserError`, `engine.config.ConfigError`) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from workbench import commands
+from workbench.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunebench",
+        description="LLM post-training engine with a terminal workbench. Run without arguments to open the workbench.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            from workbench.app import run_app
+
+            return run_app() or 0
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"tunebench: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # config errors come from the engine, which does not import workbench
+        from engine.config import ConfigError
+
+        if isinstance(exc, ConfigError):
+            print(f"tunebench: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+def entry() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
