@@ -1,0 +1,319 @@
+"""Estimate the accelerator memory a fine-tuning run needs before launching it.
+
+Pure arithmetic (no torch import) from a model's shape and the run's options, so the workbench and
+the CLI can show it instantly. The estimate has four parts, each in bytes per rank:
+
+- weights:     every parameter at its storage width; QLoRA stores the base linears in NF4
+               (4 bits + one bf16 scale per 64-value block = 4.25 bits), LoRA adapters at full width.
+- gradients:   one gradient per *trainable* parameter; optimizer-in-backward frees each gradient as
+               soon as its parameter is stepped, so only the largest one is alive at a time.
+- optimizer:   AdamW keeps two states per trainable parameter (fp32, or 1 / 0.5 bytes with the 8-bit /
+               4-bit optimizers from torchao); SGD keeps none (momentum is off by default).
+- activations: the tensors autograd saves for backward in every decoder layer, plus the logits and
+               their fp32 upcast for cross-entropy. Activation checkpointing keeps only each layer's
+               input and recomputes one layer at a time; linear cross-entropy never builds the full
+               `[B, S, V]` logits, only one chunk.
+
+FSDP shards weights, gradients and optimizer state over `nproc` ranks; activations are per rank.
+The figure ignores the CUDA context and allocator fragmentation (~0.5-1 GiB on a real GPU), which
+`MemoryEstimate.total_bytes` adds as `overhead_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GiB = 1024**3
+
+# Storage width of one value, by dtype name.
+DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0}
+# NF4: 4 bits per value plus one bf16 absmax per block of 64 values (torchao's default block size).
+NF4_BYTES = 0.5 + 2.0 / 64
+# Optimizer state bytes per trainable parameter.
+OPTIMIZER_STATE_BYTES = {
+    "adamw": None,  # two states at the parameter width (resolved below)
+    "adamw8bit": 2 * 1.0 + 2 * 4.0 / 256,  # two int8 states + an fp32 scale per 256-value block each
+    "adamw4bit": 2 * 0.5 + 2 * 4.0 / 128,  # two 4-bit states + an fp32 scale per 128-value block each
+    "sgd": 0.0,
+}
+METHODS = ("full", "lora", "qlora")
+CUDA_OVERHEAD_BYTES = int(0.75 * GiB)
+
+
+class MemoryEstimateError(ValueError):
+    """A bad option for the estimate; the message names the option and what to change."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder that memory depends on.
+
+    `kv_dim` defaults to `dim` (no grouped-query attention), `intermediate_dim` to `4 * dim`.
+    """
+
+    num_layers: int
+    dim: int
+    vocab_size: int
+    intermediate_dim: int = 0
+    kv_dim: int = 0
+    tied_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "dim", "vocab_size"):
+            if int(getattr(self, name)) <= 0:
+                raise MemoryEstimateError(f"model shape: {name} must be a positive integer")
+        if not self.intermediate_dim:
+            object.__setattr__(self, "intermediate_dim", 4 * self.dim)
+        if not self.kv_dim:
+            object.__setattr__(self, "kv_dim", self.dim)
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding plus (when untied) the output projection: `V * D` each."""
+        return self.vocab_size * self.dim * (1 if self.tied_embeddings else 2)
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """q, k, v, o projections plus the SwiGLU MLP (gate, up, down)."""
+        d, kv, f = self.dim, self.kv_dim, self.intermediate_dim
+        return d * d + 2 * d * kv + d * d + 3 * d * f
+
+    @property
+    def norm_params(self) -> int:
+        """Two RMSNorm weights per layer and the final norm."""
+        return (2 * self.num_layers + 1) * self.dim
+
+    @property
+    def num_params(self) -> int:
+        return self.embedding_params + self.num_layers * self.linear_params_per_layer + self.norm_params
+
+    @classmethod
+    def from_card(cls, card: Any) -> ModelShape:
+        """Read a model card (object or mapping) with the usual field names.
+
+        Accepts `num_layers`/`n_layers`, `dim`/`embed_dim`/`hidden_size`, `vocab_size`,
+        `intermediate_dim`/`hidden_dim`/`intermediate_size`, `kv_dim` or `num_kv_heads` + `num_heads`,
+        `tied_embeddings`/`tie_word_embeddings`. Raises `MemoryEstimateError` when a size is missing.
+        """
+
+        def get(*names: str, default: Any = None) -> Any:
+            for name in names:
+                value = card.get(name) if isinstance(card, dict) else getattr(card, name, None)
+                if value is not None:
+                    return value
+            return default
+
+        dim = get("dim", "embed_dim", "hidden_size")
+        num_layers = get("num_layers", "n_layers", "num_hidden_layers")
+        vocab = get("vocab_size")
+        if not (dim and num_layers and vocab):
+            raise MemoryEstimateError(
+                "model card: needs num_layers, dim (or embed_dim/hidden_size) and vocab_size to estimate memory"
+            )
+        kv_dim = get("kv_dim", default=0)
+        heads, kv_heads = get("num_heads", "num_attention_heads"), get("num_kv_heads", "num_key_value_heads")
+        if not kv_dim and heads and kv_heads:
+            kv_dim = int(dim) // int(heads) * int(kv_heads)
+        return cls(
+            num_layers=int(num_layers),
+            dim=int(dim),
+            vocab_size=int(vocab),
+            intermediate_dim=int(get("intermediate_dim", "hidden_dim", "intermediate_size", default=0)),
+            kv_dim=int(kv_dim or 0),
+            tied_embeddings=bool(get("tied_embeddings", "tie_word_embeddings", default=True)),
+        )
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """The run options memory depends on. Defaults: LoRA-free full fine-tune in bf16, batch 1 x 2048."""
+
+    method: str = "full"  # full | lora | qlora
+    dtype: str = "bf16"
+    batch_size: int = 1
+    seq_len: int = 2048
+    optimizer: str = "adamw"  # adamw | adamw8bit | adamw4bit | sgd
+    lora_rank: int = 8
+    lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    lora_mlp: bool = False
+    activation_checkpointing: bool = False
+    optimizer_in_backward: bool = False
+    linear_cross_entropy: bool = False
+    ce_chunk_tokens: int = 1024
+    nproc: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise MemoryEstimateError(f"method: {self.method!r} is unknown; use one of {', '.join(METHODS)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise MemoryEstimateError(f"dtype: {self.dtype!r} is unknown; use bf16, fp16 or fp32")
+        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+            raise MemoryEstimateError(
+                f"optimizer: {self.optimizer!r} is unknown; use one of {', '.join(OPTIMIZER_STATE_BYTES)}"
+            )
+        for name in ("batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens"):
+            if int(getattr(self, name)) <= 0:
+                raise MemoryEstimateError(f"{name}: must be a positive integer, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank, by part. `total_bytes` adds `overhead_bytes` (CUDA context, fragmentation)."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    trainable_params: int
+    total_params: int
+    overhead_bytes: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> float:
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.overhead_bytes
+        )
+
+    def as_gib(self) -> dict[str, float]:
+        """The parts and the total in GiB, for display."""
+        return {
+            "weights": self.weights_bytes / GiB,
+            "gradients": self.gradients_bytes / GiB,
+            "optimizer": self.optimizer_bytes / GiB,
+            "activations": self.activations_bytes / GiB,
+            "overhead": self.overhead_bytes / GiB,
+            "total": self.total_bytes / GiB,
+        }
+
+    def fits(self, device_bytes: float | None) -> bool | None:
+        """True when the total fits in `device_bytes`; None when the device size is unknown."""
+        if not device_bytes:
+            return None
+        return self.total_bytes <= device_bytes
+
+
+_LORA_SHAPES = {  # (in_features, out_features) of each adaptable projection, by model shape
+    "q_proj": lambda s: (s.dim, s.dim),
+    "k_proj": lambda s: (s.dim, s.kv_dim),
+    "v_proj": lambda s: (s.dim, s.kv_dim),
+    "output_proj": lambda s: (s.dim, s.dim),
+    "o_proj": lambda s: (s.dim, s.dim),
+}
+
+
+def lora_params(shape: ModelShape, opts: TrainingOptions) -> int:
+    """Trainable LoRA parameters: `rank * (in + out)` for each adapted projection in every layer."""
+    per_layer = 0
+    for name in opts.lora_attn_modules:
+        if name not in _LORA_SHAPES:
+            raise MemoryEstimateError(
+                f"lora_attn_modules: {name!r} is unknown; use some of q_proj, k_proj, v_proj, output_proj"
+            )
+        fan_in, fan_out = _LORA_SHAPES[name](shape)
+        per_layer += opts.lora_rank * (fan_in + fan_out)
+    if opts.lora_mlp:
+        per_layer += 3 * opts.lora_rank * (shape.dim + shape.intermediate_dim)
+    return shape.num_layers * per_layer
+
+
+def activation_elements_per_token_per_layer(shape: ModelShape) -> int:
+    """Values autograd saves per token in one decoder layer (SDPA with a fused kernel, no `S x S`).
+
+    Norm inputs (2 D), q/k/v (D + 2 KV) and the attention output (D) plus the `o` projection input (D),
+    the MLP's gate and up outputs (2 F), the SwiGLU product fed to `down` (F) and the SiLU input (F).
+    """
+    d, kv, f = shape.dim, shape.kv_dim, shape.intermediate_dim
+    return 2 * d + (d + 2 * kv) + 2 * d + 4 * f
+
+
+def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool = False) -> MemoryEstimate:
+    """The per-rank memory of training `shape` with `opts`; `overhead=True` adds a CUDA context figure."""
+    width = DTYPE_BYTES[opts.dtype]
+    total = shape.num_params
+    notes: list[str] = []
+
+    # Weights (sharded by FSDP over nproc ranks).
+    if opts.method == "qlora":
+        base_linear = shape.num_layers * shape.linear_params_per_layer
+        weights = base_linear * NF4_BYTES + (total - base_linear) * width
+    else:
+        weights = total * width
+    trainable = total if opts.method == "full" else lora_params(shape, opts)
+    if opts.method != "full":
+        weights += trainable * width
+
+    # Gradients: all trainable ones, or only the largest parameter with optimizer-in-backward.
+    if opts.optimizer_in_backward:
+        largest = shape.vocab_size * shape.dim if opts.method == "full" else trainable / shape.num_layers
+        gradients = largest * width
+        notes.append("optimizer-in-backward: one gradient alive at a time")
+    else:
+        gradients = trainable * width
+
+    # Optimizer state.
+    state = OPTIMIZER_STATE_BYTES[opts.optimizer]
+    if state is None:  # torch AdamW: exp_avg and exp_avg_sq at the parameter's own width
+        state = 2 * width
+    optimizer = trainable * state
+
+    shard = float(opts.nproc)
+    weights, gradients, optimizer = weights / shard, gradients / shard, optimizer / shard
+
+    # Activations (per rank; the batch is per rank).
+    tokens = opts.batch_size * opts.seq_len
+    per_layer = activation_elements_per_token_per_layer(shape) * tokens * width
+    if opts.activation_checkpointing:
+        # Each layer keeps its input [B, S, D]; one layer is recomputed at a time in backward.
+        activations = shape.num_layers * tokens * shape.dim * width + per_layer
+        notes.append("activation checkpointing: one layer's activations alive at a time")
+    else:
+        activations = shape.num_layers * per_layer
+    # Logits [B, S, V] in the compute dtype, their fp32 upcast for CE, and the gradient of that.
+    logit_tokens = min(tokens, opts.ce_chunk_tokens) if opts.linear_cross_entropy else tokens
+    activations += logit_tokens * shape.vocab_size * (width + 4 + 4)
+    if opts.linear_cross_entropy:
+        notes.append(f"linear cross-entropy: logits built {opts.ce_chunk_tokens} tokens at a time")
+
+    return MemoryEstimate(
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        trainable_params=int(trainable),
+        total_params=int(total),
+        overhead_bytes=float(CUDA_OVERHEAD_BYTES if overhead else 0),
+        notes=notes,
+    )
+
+
+def detect_device_memory() -> tuple[str, float | None]:
+    """The memory of the device a run would use: (`"cuda:0 <name>"`, bytes) or (`"cpu"`, RAM bytes).
+
+    Uses NVML when a GPU driver is present (it raises without one, which is caught); otherwise the
+    machine's RAM through psutil. Returns (`"unknown"`, None) when neither is available.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            return f"cuda:0 {name}", float(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU, or no pynvml: fall back to RAM
+        pass
+    try:
+        import psutil
+
+        return "cpu", float(psutil.virtual_memory().total)
+    except Exception:
+        return "unknown", None
