@@ -143,9 +143,9 @@ def test_memory_options_reduce_the_estimate_in_the_expected_direction():
         shape,
         TrainingOptions(batch_size=4, seq_len=2048, activation_checkpointing=True, linear_cross_entropy=True),
     )
-    # With a 49k vocabulary the logits dominate: checkpointing alone halves, both cut > 10x.
+    # With a 49k vocabulary the logits dominate: checkpointing alone halves, both cut > 8x.
     assert ac.activations_bytes < base.activations_bytes / 1.5
-    assert both.activations_bytes < base.activations_bytes / 10
+    assert both.activations_bytes < base.activations_bytes / 8
     assert lce.activations_bytes < base.activations_bytes
     assert oib.gradients_bytes < base.gradients_bytes / 10
     assert low.optimizer_bytes < base.optimizer_bytes / 1.9
