@@ -147,7 +147,7 @@ def test_memory_options_reduce_the_estimate_in_the_expected_direction():
     assert ac.activations_bytes < base.activations_bytes / 1.5
     assert both.activations_bytes < base.activations_bytes / 8
     assert lce.activations_bytes < base.activations_bytes
-    assert oib.gradients_bytes < base.gradients_bytes / 10
+    assert oib.gradients_bytes < base.gradients_bytes / 4  # the 28M-value embedding stays
     assert low.optimizer_bytes < base.optimizer_bytes / 1.9
     assert lora.optimizer_bytes < base.optimizer_bytes / 50
     assert qlora.weights_bytes < lora.weights_bytes
