@@ -1,0 +1,160 @@
+"""Which `_component_` paths may be imported, and importing them.
+
+A component path is allowed when it equals or starts with (at a dot boundary) one of:
+- the built-in prefixes `engine`, `torch`, `torchao`;
+- the prefixes in the config's top-level `allowed_components: [prefix, ...]`;
+- the prefixes in the environment variable `TUNEBENCH_ALLOW` (comma-separated);
+- prefixes registered in this process with `allow_components` (`load_config` registers the
+  loaded config's `allowed_components`, so `instantiate(cfg["model"])` honours them).
+
+A few callables under `torch.` load or run code from outside the config (`torch.load`, `torch.hub`,
+...); they are refused unless a user-given prefix names them explicitly. The check runs before
+anything is imported, so a refused path never executes code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from engine.config._errors import ConfigError, did_you_mean
+
+BUILTIN_PREFIXES = ("engine", "torch", "torchao")
+# Under the built-in prefixes but able to run arbitrary code or fetch from the network.
+DENIED_PREFIXES = (
+    "torch.load",
+    "torch.hub",
+    "torch.jit.load",
+    "torch.package",
+    "torch.utils.cpp_extension",
+    "torch.ops.load_library",
+    "torch.classes.load_library",
+    "torch.serialization",
+)
+_DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_registered: list[str] = []
+
+
+def _norm(prefix: str) -> str:
+    return prefix.strip().rstrip(".")
+
+
+def _matches(name: str, prefix: str) -> bool:
+    p = _norm(prefix)
+    return bool(p) and (name == p or name.startswith(p + "."))
+
+
+def env_prefixes() -> list[str]:
+    """Prefixes from `TUNEBENCH_ALLOW` (comma-separated; blanks ignored)."""
+    return [_norm(p) for p in os.environ.get("TUNEBENCH_ALLOW", "").split(",") if _norm(p)]
+
+
+def config_prefixes(cfg: Any) -> list[str]:
+    """The config's `allowed_components` as a list of prefixes.
+
+    Raises ConfigError when it is not a string or a list of strings.
+    """
+    if not isinstance(cfg, dict) or cfg.get("allowed_components") is None:
+        return []
+    value = cfg["allowed_components"]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and _norm(v) for v in value):
+        raise ConfigError(
+            "allowed_components: must be a list of module prefixes — write e.g. `allowed_components: [mypkg.models]`",
+            field="allowed_components",
+        )
+    return [_norm(v) for v in value]
+
+
+def allow_components(prefixes: Iterable[str]) -> None:
+    """Allow `_component_` paths under `prefixes` for the rest of this process."""
+    for p in prefixes:
+        if _norm(p) and _norm(p) not in _registered:
+            _registered.append(_norm(p))
+
+
+def reset_allowed_components() -> None:
+    """Forget the prefixes registered with `allow_components` (tests use this)."""
+    _registered.clear()
+
+
+def check_allowed(name: str, *, field: str, extra: Iterable[str] = ()) -> None:
+    """Raise ConfigError unless the component path `name` is allowed (see the module docstring)."""
+    if not isinstance(name, str) or not _DOTTED_RE.match(name):
+        raise ConfigError(
+            f"{field}: {name!r} is not a dotted import path — write e.g. `_component_: torch.optim.AdamW`",
+            field=field,
+        )
+    user = [*extra, *env_prefixes(), *_registered]
+    if any(_matches(name, p) for p in user):
+        return
+    if any(_matches(name, p) for p in BUILTIN_PREFIXES) and not any(
+        _matches(name, p) for p in DENIED_PREFIXES
+    ):
+        return
+    top = name.split(".")[0] if not any(_matches(name, p) for p in DENIED_PREFIXES) else name
+    why = "can run code from outside the config" if top == name else "is not under an allowed prefix"
+    raise ConfigError(
+        f"{field}: component {name} {why} (allowed: {', '.join(p + '.' for p in BUILTIN_PREFIXES)}"
+        f"{''.join(', ' + p + '.' for p in user)}) — to allow it add `allowed_components: [{top}]` to the config"
+        f" or set TUNEBENCH_ALLOW={top}",
+        field=field,
+    )
+
+
+def _module_names(package: str) -> list[str]:
+    try:
+        pkg = importlib.import_module(package)
+    except Exception:
+        return []
+    return [m.name for m in pkgutil.iter_modules(getattr(pkg, "__path__", []) or [])]
+
+
+def import_component(name: str, *, field: str, extra: Iterable[str] = ()) -> Any:
+    """Check the allow-list, then import `name` (`pkg.module.Attr[.attr...]`) and return the object.
+
+    Raises ConfigError naming `field` when refused or when the path cannot be imported, with a
+    did-you-mean over the module's attributes or the package's modules.
+    """
+    check_allowed(name, field=field, extra=extra)
+    parts = name.split(".")
+    module = None
+    for cut in range(len(parts), 0, -1):
+        modname = ".".join(parts[:cut])
+        try:
+            module = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name and not (modname == exc.name or modname.startswith(exc.name + ".")):
+                raise ConfigError(
+                    f"{field}: importing {modname} failed: missing module {exc.name} — install it",
+                    field=field,
+                ) from None
+            continue
+        except Exception as exc:
+            raise ConfigError(
+                f"{field}: importing {modname} failed ({type(exc).__name__}: {exc}) — fix that module",
+                field=field,
+            ) from None
+        obj: Any = module
+        for i, attr in enumerate(parts[cut:]):
+            if not hasattr(obj, attr):
+                owner = ".".join(parts[: cut + i])
+                choices = [a for a in dir(obj) if not a.startswith("_")]
+                if isinstance(obj, type(module)):
+                    choices += _module_names(owner)
+                raise ConfigError(
+                    f"{field}: unknown component {name}: {owner} has no {attr!r}"
+                    f"{did_you_mean(attr, choices)} — fix the path",
+                    field=field,
+                )
+            obj = getattr(obj, attr)
+        return obj
+    hint = did_you_mean(parts[0], [m.name for m in pkgutil.iter_modules()])
+    raise ConfigError(
+        f"{field}: unknown component {name}: no module {parts[0]!r}{hint} — fix the path", field=field
+    )

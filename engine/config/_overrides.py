@@ -1,0 +1,199 @@
+"""Command-line overrides: `key=value`, `a.b.c=value`, `list.0.key=value`, `+new=value`, `~key`.
+
+Values are YAML (the config loader's rules): `lr=1e-4` is a float, `flag=true` a bool, `x=null`
+None, `mods=[q_proj,v_proj]` a list, `opt={lr: 1}` a mapping; `key=` is the empty string.
+
+- `key=value` sets a key, creating missing parent mappings.
+- `+key=value` adds a key that must not exist yet (for people used to Hydra).
+- `~key` / `~a.b` / `~list.1` deletes a key or list item.
+- Swapping a component: when the target is a mapping with `_component_` and the value is a dotted
+  path (`optimizer=torch.optim.SGD`), only `_component_` changes. The arguments the new callable
+  accepts (by its signature; all of them when it takes `**kwargs` or has no readable signature)
+  are kept, the others are dropped. The new path goes through the allow-list first.
+  To replace the whole node instead, give a mapping: `optimizer={_component_: torch.optim.SGD, lr: 0.1}`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.config._components import config_prefixes, import_component
+from engine.config._errors import ConfigError, did_you_mean, dotted
+from engine.config._interpolate import has_reference
+from engine.config._yaml import parse_yaml
+
+_SEGMENT_RE = re.compile(r"^(?:[A-Za-z_][\w\-]*|\d+)$")
+_DOTTED_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+@dataclass(frozen=True)
+class Override:
+    """One parsed override: `op` is "set", "add" or "delete"; `path` holds keys and list indices."""
+
+    op: Literal["set", "add", "delete"]
+    path: tuple
+    value: Any
+    text: str
+
+
+def _parse_path(text: str, original: str) -> tuple:
+    parts = text.split(".")
+    if not text or not all(_SEGMENT_RE.match(p) for p in parts):
+        raise ConfigError(
+            f"override {original!r}: {text!r} is not a key path — write key=value, a.b.c=value, list.0.key=value"
+            " or ~key",
+            field=original,
+        )
+    return tuple(int(p) if p.isdigit() else p for p in parts)
+
+
+def parse_override(text: str) -> Override:
+    """Parse one override string. Raises ConfigError naming the override when malformed."""
+    if not isinstance(text, str):
+        raise ConfigError(f"override {text!r}: overrides are strings like key=value", field=str(text))
+    raw = text.strip()
+    if raw.startswith("~"):
+        if "=" in raw:
+            raise ConfigError(
+                f"override {text!r}: a deletion takes no value — write ~{raw[1:].split('=')[0]}", field=text
+            )
+        return Override("delete", _parse_path(raw[1:], text), None, text)
+    if "=" not in raw:
+        raise ConfigError(
+            f"override {text!r}: no '=' in it — write key=value (or ~key to delete a key)", field=text
+        )
+    key, value_text = raw.split("=", 1)
+    op: Literal["set", "add"] = "set"
+    if key.startswith("+"):
+        op, key = "add", key[1:]
+    path = _parse_path(key.strip(), text)
+    value = "" if value_text.strip() == "" else parse_yaml(value_text, source=f"override {text!r}")
+    return Override(op, path, value, text)
+
+
+def parse_overrides(texts: Iterable[str]) -> list[Override]:
+    """Parse override strings in order. Raises ConfigError naming the first malformed one."""
+    if isinstance(texts, str):
+        texts = [texts]
+    return [t if isinstance(t, Override) else parse_override(t) for t in texts]
+
+
+def _kept_args(node: dict, target: Any) -> dict:
+    """The arguments of `node` that the callable `target` accepts (all when it takes **kwargs)."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return {k: v for k, v in node.items() if k != "_component_"}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {k: v for k, v in node.items() if k != "_component_"}
+    names = {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return {k: v for k, v in node.items() if k != "_component_" and k in names}
+
+
+def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
+    node: Any = cfg
+    for i, key in enumerate(ov.path[:-1]):
+        here = dotted(ov.path[: i + 1])
+        if isinstance(node, dict):
+            if key not in node and str(key) in node:
+                key = str(key)
+            if key not in node:
+                if not create:
+                    raise ConfigError(
+                        f"override {ov.text!r}: no key {here} in the config{did_you_mean(str(key), map(str, node))}"
+                        " — check the spelling",
+                        field=ov.text,
+                    )
+                node[key] = {}
+            node = node[key]
+        elif isinstance(node, list):
+            if not isinstance(key, int) or key >= len(node):
+                raise ConfigError(
+                    f"override {ov.text!r}: {dotted(ov.path[:i])} is a list of {len(node)} items"
+                    f" — use an index from 0 to {len(node) - 1}",
+                    field=ov.text,
+                )
+            node = node[key]
+        else:
+            raise ConfigError(
+                f"override {ov.text!r}: {dotted(ov.path[:i])} is a {type(node).__name__}, not a mapping or list"
+                f" — override {dotted(ov.path[:i])} itself",
+                field=ov.text,
+            )
+    if not isinstance(node, (dict, list)):
+        raise ConfigError(
+            f"override {ov.text!r}: {dotted(ov.path[:-1])} is a {type(node).__name__}, not a mapping or list"
+            f" — override {dotted(ov.path[:-1])} itself",
+            field=ov.text,
+        )
+    return node
+
+
+def _apply_one(cfg: dict, ov: Override) -> None:
+    parent = _walk_to_parent(cfg, ov, create=ov.op != "delete")
+    key = ov.path[-1]
+    if isinstance(parent, list):
+        if not isinstance(key, int) or key >= len(parent):
+            raise ConfigError(
+                f"override {ov.text!r}: {dotted(ov.path[:-1])} is a list of {len(parent)} items"
+                f" — use an index from 0 to {len(parent) - 1}",
+                field=ov.text,
+            )
+        if ov.op == "delete":
+            del parent[key]
+        elif ov.op == "add":
+            raise ConfigError(
+                f"override {ov.text!r}: list item {dotted(ov.path)} exists — drop the '+'", field=ov.text
+            )
+        else:
+            parent[key] = _new_value(cfg, parent[key], ov)
+        return
+    if key not in parent and str(key) in parent:
+        key = str(key)
+    exists = key in parent
+    if ov.op == "delete":
+        if not exists:
+            raise ConfigError(
+                f"override {ov.text!r}: no key {dotted(ov.path)} to delete{did_you_mean(str(key), map(str, parent))}"
+                " — check the spelling",
+                field=ov.text,
+            )
+        del parent[key]
+    elif ov.op == "add" and exists:
+        raise ConfigError(
+            f"override {ov.text!r}: {dotted(ov.path)} already exists — write {ov.text[1:]} (without '+') to change it",
+            field=ov.text,
+        )
+    else:
+        parent[key] = _new_value(cfg, parent.get(key), ov)
+
+
+def _new_value(cfg: dict, old: Any, ov: Override) -> Any:
+    if not (isinstance(old, dict) and "_component_" in old and isinstance(ov.value, str)):
+        return ov.value
+    if has_reference(ov.value):
+        return ov.value  # `model=${base_model}`: the reference replaces the whole node
+    if not _DOTTED_PATH_RE.match(ov.value):
+        raise ConfigError(
+            f"override {ov.text!r}: {dotted(ov.path)} is a component — give a dotted path like torch.optim.SGD"
+            f" or a mapping {{_component_: ..., arg: ...}}",
+            field=ov.text,
+        )
+    target = import_component(ov.value, field=f"override {ov.text!r}", extra=config_prefixes(cfg))
+    return {"_component_": ov.value, **_kept_args(old, target)}
+
+
+def apply_overrides(cfg: dict, overrides: Iterable[str | Override]) -> dict:
+    """A copy of `cfg` with `overrides` applied in order (strings are parsed first).
+
+    Raises ConfigError naming the override when it is malformed or does not fit the config.
+    """
+    out = copy.deepcopy(cfg)
+    for ov in parse_overrides(overrides):
+        _apply_one(out, ov)
+    return out
