@@ -1,0 +1,6 @@
+"""Losses: plain and linear (fused-projection) cross-entropy; DPO, KD and GRPO losses join this list."""
+
+from engine.modules.loss.cross_entropy import ChunkedCrossEntropyLoss
+from engine.modules.loss.linear_cross_entropy import LinearCrossEntropyLoss
+
+__all__ = ["ChunkedCrossEntropyLoss", "LinearCrossEntropyLoss"]
