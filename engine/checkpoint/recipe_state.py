@@ -1,0 +1,263 @@
+"""Recipe state for exact resume: atomic step checkpoints, keep-last-K, DCP for model + optimizer.
+
+A checkpoint is a folder `output_dir/checkpoints/step_<N>/`:
+
+    state/                 torch.distributed.checkpoint (DCP) of {"model": trainable params, "optim": ...};
+                           each rank writes its own shard, so FSDP2 runs never gather to one rank
+    optim_rank<r>.pt       only for optimizers DCP cannot describe (an optimizer-in-backward wrapper)
+    rng_rank<r>.pt         every rank's RNG states (python, torch CPU, CUDA, numpy)
+    recipe_state.pt        rank 0: step, epoch, data-loader position, LR scheduler, anything else
+    model/                 what a person uses: a HF model folder or PEFT adapters (written by the recipe)
+
+Atomicity: everything is written into `checkpoints/.tmp_step_<N>/` and renamed to `step_<N>` only after
+every rank has finished, so a run killed mid-save (kill -9, power loss) leaves the previous checkpoint as
+the latest complete one; leftover temp folders are removed by the next save. Only the last `keep_last`
+checkpoints are kept. `load_checkpoint` refuses a folder that is not a complete checkpoint with a one-line
+`CheckpointStateError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.config import ConfigError
+
+CHECKPOINTS_DIRNAME = "checkpoints"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_RECIPE_STATE = "recipe_state.pt"
+
+
+class CheckpointStateError(ConfigError):
+    """A recipe checkpoint is missing, incomplete or unreadable (one line: the path and what to do)."""
+
+
+# ----------------------------------------------------------------------------------------- locating
+def checkpoints_root(output_dir: str | os.PathLike) -> Path:
+    """`output_dir/checkpoints`."""
+    return Path(output_dir) / CHECKPOINTS_DIRNAME
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `output_dir/checkpoints` as `(step, path)`, oldest first."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_RE.match(child.name)
+        if match and child.is_dir() and (child / _RECIPE_STATE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint folder, or None when the run has none yet."""
+    found = list_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+# ------------------------------------------------------------------------------------------- RNG
+def capture_rng_state() -> dict[str, Any]:
+    """Python, torch CPU, CUDA (when present) and numpy RNG states of this process."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (
+            kind,
+            torch.from_numpy(keys.astype("int64")),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
+    except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
+        pass
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+# ------------------------------------------------------------------------------------ small helpers
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _is_plain_optimizer(optimizer: Any) -> bool:
+    """A single `torch.optim.Optimizer` over the model's parameters (not a per-parameter wrapper)."""
+    return isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizers")
+
+
+def _state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict, dict | None]:
+    """DCP-ready `(model_sd, optim_sd)`; frozen parameters (a LoRA base) are left out of both."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if optimizer is not None and _is_plain_optimizer(optimizer):
+            return get_state_dict(model, optimizer, options=options)
+        return get_model_state_dict(model, options=options), None
+
+
+# -------------------------------------------------------------------------------------- save / load
+def save_checkpoint(
+    output_dir: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    recipe_state: dict[str, Any],
+    keep_last: int = 2,
+    write_model: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write `output_dir/checkpoints/step_<step>/` atomically on every rank; return its path.
+
+    Args:
+        model: the (possibly FSDP2-sharded) model; its trainable parameters go into DCP.
+        optimizer: a `torch.optim.Optimizer` (DCP, sharded) or any object with `state_dict()` /
+            `load_state_dict()` (saved per rank), or None.
+        recipe_state: rank 0's step, epoch, data-loader position, scheduler state, ... (plain data + tensors).
+        keep_last: complete checkpoints to keep (>= 1); older ones are deleted after this one is in place.
+        write_model: called on every rank with the `model/` folder to fill (HF weights or PEFT adapters);
+            it must write only on rank 0 but may take part in collective gathers on all ranks.
+    Raises:
+        ValueError: keep_last < 1.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    rank, _ = _rank_world()
+    root = checkpoints_root(output_dir)
+    tmp = root / f".tmp_step_{step}"
+    final = root / f"step_{step}"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp_step_*"):  # left by a run killed mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+
+    model_sd, optim_sd = _state_dicts(model, optimizer)
+    payload = {"model": model_sd}
+    if optim_sd is not None:
+        payload["optim"] = optim_sd
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: saving on one rank" is expected on 1 process
+        dcp.save(payload, checkpoint_id=str(tmp / "state"))
+    if optimizer is not None and optim_sd is None:
+        _atomic_torch_save(optimizer.state_dict(), tmp / f"optim_rank{rank}.pt")
+    _atomic_torch_save(capture_rng_state(), tmp / f"rng_rank{rank}.pt")
+    if write_model is not None:
+        write_model(tmp / "model")
+    if rank == 0:
+        # Written last: its presence is what makes a folder a complete checkpoint.
+        _atomic_torch_save({**recipe_state, "step": step}, tmp / _RECIPE_STATE)
+    _barrier()
+
+    if rank == 0:
+        if final.exists():  # the same step saved again (e.g. SIGTERM right after a periodic save)
+            old = root / f".tmp_old_step_{step}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        for _, path in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(path, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint` into `model` / `optimizer` (in place, every rank).
+
+    Returns rank 0's recipe state (step, epoch, data position, scheduler, ...). Restores this rank's
+    RNG states when `restore_rng` (the same world size as at save time is expected for RNG).
+    Raises:
+        CheckpointStateError: the folder is not a complete checkpoint or cannot be read.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    path = Path(path)
+    rank, _ = _rank_world()
+    if not (path / _RECIPE_STATE).is_file() or not (path / "state").is_dir():
+        raise CheckpointStateError(
+            f"{path}: not a complete recipe checkpoint (no {_RECIPE_STATE} or state/); "
+            "point resume at a checkpoints/step_<N> folder written by a finished save"
+        )
+    model_sd, optim_sd = _state_dicts(model, optimizer)
+    payload = {"model": model_sd}
+    if optim_sd is not None:
+        payload["optim"] = optim_sd
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.load(payload, checkpoint_id=str(path / "state"))
+            set_state_dict(
+                model,
+                optimizer if optim_sd is not None else [],
+                model_state_dict=payload["model"],
+                optim_state_dict=payload.get("optim", {}),
+                options=StateDictOptions(ignore_frozen_params=True, strict=False),
+            )
+        if optimizer is not None and optim_sd is None:
+            optimizer.load_state_dict(torch.load(path / f"optim_rank{rank}.pt", weights_only=True))
+        recipe_state = torch.load(path / _RECIPE_STATE, weights_only=True)
+        rng_file = path / f"rng_rank{rank}.pt"
+        if restore_rng and rng_file.is_file():
+            restore_rng_state(torch.load(rng_file, weights_only=True))
+    except (
+        Exception
+    ) as exc:  # any unreadable piece (truncated file, mismatched shapes) is the same user error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointStateError(
+            f"{path}: cannot load the recipe checkpoint ({first}); resume from an older "
+            "checkpoints/step_<N> folder or start a new run with the same config"
+        ) from exc
+    return recipe_state
