@@ -1,0 +1,128 @@
+"""Tokenizer from a tiktoken BPE file (Llama 3's original `tokenizer.model`, OpenAI `.tiktoken` files).
+
+The file lists one token per line: the token's bytes in base64, a space, its rank (= its id).
+Special tokens are not in the file: they come from `tokenizer_config.json`'s `added_tokens_decoder`
+when present, else from the Llama 3 layout (256 special ids after the BPE ranks).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+
+from engine.data.tokenizers.base import Tokenizer
+from engine.data.tokenizers.errors import TokenizerError
+from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
+
+# Llama 3's pre-tokenizer split: contractions, letter runs, 1-3 digit groups, punctuation, newlines, spaces.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_NUM_SPECIAL = 256
+_LLAMA3_NAMED = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]
+
+
+def llama3_special_tokens(num_ranks: int) -> dict[str, int]:
+    """Llama 3.1+ special tokens: the named ones, then reserved ones up to 256 ids after the ranks."""
+    names = list(_LLAMA3_NAMED)
+    names += [f"<|reserved_special_token_{i}|>" for i in range(2, 2 + LLAMA3_NUM_SPECIAL - len(names))]
+    return {name: num_ranks + i for i, name in enumerate(names)}
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """Parse a tiktoken BPE file into ``{token bytes: rank}``. Raises `TokenizerError` naming the bad line."""
+    ranks: dict[bytes, int] = {}
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise TokenizerError(
+                f"{path}:{lineno}: expected '<base64 token> <rank>' in a tiktoken file; re-download the file"
+            ) from None
+    if not ranks:
+        raise TokenizerError(f"{path}: empty tiktoken file; re-download it")
+    return ranks
+
+
+class TiktokenTokenizer(Tokenizer):
+    """tiktoken BPE tokenizer.
+
+    Args:
+      path: the tiktoken file.
+      pattern: the pre-tokenizer regex (default: Llama 3's).
+      special_tokens: ``{string: id}``; default: `tokenizer_config.json`'s added tokens, else Llama 3's.
+      files: side-file settings; default: read from the file's folder.
+    Raises `TokenizerError` on an unreadable or malformed file.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        pattern: str = LLAMA3_PATTERN,
+        special_tokens: dict[str, int] | None = None,
+        files: TokenizerFiles | None = None,
+    ):
+        import tiktoken
+
+        path = Path(path)
+        self.source = str(path)
+        ranks = read_tiktoken_ranks(path)
+        files = files if files is not None else read_tokenizer_files(path.parent)
+        if special_tokens is None:
+            added = {c: i for i, c in files.added_tokens.items() if i >= len(ranks)}
+            special_tokens = added or llama3_special_tokens(len(ranks))
+        self._special = dict(special_tokens)
+        self._enc = tiktoken.Encoding(
+            name=path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self._special
+        )
+        self._id_to_special = {i: s for s, i in self._special.items()}
+        self._ranks = ranks
+        self._id_to_bytes: dict[int, bytes] | None = None
+        self._setup_specials(files, bos="<|begin_of_text|>", eos="<|end_of_text|>", adds_bos=True)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self._enc.encode(text, allowed_special="all", disallowed_special=())
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._id_to_special]
+        return self._enc.decode(ids)
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self._special:
+            return self._special[token]
+        return self._ranks.get(token.encode("utf-8"))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        if token_id in self._id_to_special:
+            return self._id_to_special[token_id]
+        if self._id_to_bytes is None:
+            self._id_to_bytes = {i: b for b, i in self._ranks.items()}
+        raw = self._id_to_bytes.get(token_id)
+        return None if raw is None else raw.decode("utf-8", errors="replace")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._enc.n_vocab
