@@ -1,0 +1,140 @@
+"""Opening the tracker database: private file, WAL, busy timeout, schema check and migration.
+
+Every connection is a stdlib `sqlite3.Connection` in autocommit mode (`isolation_level=None`);
+writes go through `write_tx()`, which opens the transaction with `BEGIN IMMEDIATE` so a writer takes
+the write lock up front and waits (busy timeout) instead of failing with "database is locked" when
+it would upgrade a read transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.tracking.errors import SchemaError, TrackerError
+from engine.tracking.paths import db_path, ensure_private_dir
+
+BUSY_TIMEOUT_MS = 60_000
+SCHEMA_VERSION = 1  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
+
+# version N -> function migrating a database at version N to N+1, run inside one write transaction.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+_TABLES = ("runs", "metrics", "events", "eval_results", "schema_version")
+
+
+def connect(home: Path | None = None, *, create: bool = True) -> sqlite3.Connection:
+    """Open `tunebench.db` under `home` (default `TUNEBENCH_HOME`), creating it (0600, folder 0700)
+    when `create` and absent; migrates an older schema.
+
+    Raises `TrackerError` when the database is absent and `create` is False, `SchemaError` when it was
+    made by a newer tunebench or is not a tunebench database.
+    """
+    path = db_path(home)
+    if not path.exists():
+        if not create:
+            raise TrackerError(f"{path} does not exist: start a run first (tunebench run ...)")
+        ensure_private_dir(path.parent)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        os.close(fd)
+    conn = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: commits do not fsync (a power cut may lose the last transactions, never
+        # corrupt the file); the writer commits every step, so this is what keeps it well under 1 ms.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        _ensure_schema(conn, path)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise TrackerError(f"{path} cannot be opened as a tunebench database ({exc}): move it aside") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def open_db(home: Path | None = None, *, create: bool = True) -> Iterator[sqlite3.Connection]:
+    """`connect()` as a context manager that closes the connection."""
+    conn = connect(home, create=create)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextmanager
+def write_tx(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction (`BEGIN IMMEDIATE` ... `COMMIT`; `ROLLBACK` on any exception)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    version = _read_version(conn)
+    if version == SCHEMA_VERSION:
+        return
+    with write_tx(conn):
+        version = _read_version(conn)  # another process may have created/migrated it meanwhile
+        if version is None:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if names - {"sqlite_sequence"}:
+                raise SchemaError(
+                    f"{path} is not a tunebench database (tables: {', '.join(sorted(names))}): "
+                    "point TUNEBENCH_HOME elsewhere or move the file aside"
+                )
+            from engine.tracking.schema import create_statements
+
+            for stmt in create_statements():
+                conn.execute(stmt)
+            conn.execute("INSERT INTO schema_version(version) VALUES (?)", (SCHEMA_VERSION,))
+            return
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{path} was made by a newer tunebench (schema {version}, this one reads {SCHEMA_VERSION}): "
+                "upgrade tunebench or point TUNEBENCH_HOME elsewhere"
+            )
+        while version < SCHEMA_VERSION:
+            step = MIGRATIONS.get(version)
+            if step is None:
+                raise SchemaError(
+                    f"{path} has schema {version} and no migration to {version + 1} exists: "
+                    "move the file aside to start a fresh tracker"
+                )
+            step(conn)
+            version += 1
+        conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+
+
+def _read_version(conn: sqlite3.Connection) -> int | None:
+    try:
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def to_db_float(value: object) -> float:
+    """A metric value as a float for SQLite (NaN becomes NULL there; readers turn it back)."""
+    return float(value)  # type: ignore[arg-type]
+
+
+def from_db_float(value: float | None) -> float:
+    """A stored metric value back as a float: NULL is NaN."""
+    return math.nan if value is None else float(value)

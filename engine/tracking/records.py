@@ -1,0 +1,111 @@
+"""Plain, immutable rows the readers return (no database handle attached)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+RUN_STATUSES = ("queued", "running", "completed", "failed", "stopped")
+RUN_KINDS = ("new", "clone", "resume")
+ACTIVE_STATUSES = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A row of `runs` (see `engine.tracking.schema.Run` for the meaning of each field)."""
+
+    id: str
+    name: str
+    recipe: str
+    module: str
+    status: str
+    kind: str
+    config_text: str
+    model: str | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    error: str | None
+    parent_id: str | None
+    pid: int | None
+    pgid: int | None
+    supervisor_pid: int | None
+    supervisor_started: float | None
+    nproc: int
+    host: str
+    output_dir: str
+    tags: str
+    notes: str
+    step: int
+    total_steps: int | None
+    stop_requested: bool
+    resumes: int
+
+    @property
+    def tag_list(self) -> list[str]:
+        return [t for t in self.tags.split(",") if t]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+RUN_COLUMNS = tuple(f.name for f in dataclasses.fields(RunRecord))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run plus the figures the runs table shows.
+
+    `last_loss`: rank-0 `loss` at the last step that logged one; `tokens_per_sec_median`: median of
+    `tokens_per_sec` over all steps; `mem_peak_gb`: max `mem_peak_gb` over steps and ranks;
+    `eta_s`: seconds left from the recent step rate (None unless running with a known total).
+    """
+
+    run: RunRecord
+    last_loss: float | None
+    tokens_per_sec_median: float | None
+    mem_peak_gb: float | None
+    eta_s: float | None
+
+    def to_dict(self) -> dict:
+        d = self.run.to_dict()
+        d.pop("config_text")
+        d.update(
+            last_loss=self.last_loss,
+            tokens_per_sec_median=self.tokens_per_sec_median,
+            mem_peak_gb=self.mem_peak_gb,
+            eta_s=self.eta_s,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    id: int
+    step: int
+    name: str
+    value: float  # NaN where the run logged NaN
+    time: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    step: int
+    kind: str
+    text: str
+    time: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    id: int
+    step: int
+    task: str
+    metric: str
+    value: float
+    checkpoint: str | None
+    time: float
