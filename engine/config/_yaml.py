@@ -101,7 +101,7 @@ def parse_yaml(text: str, *, source: str = "<string>") -> Any:
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         what = exc.problem or exc.context or "cannot parse"
         raise ConfigError(
-            f"{where}: malformed YAML: {what} — fix the YAML at that line and column", field=source
+            f"{where}: malformed YAML: {what} — fix the YAML at that line and column", field=where
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: malformed YAML: {exc} — fix the YAML syntax", field=source) from None

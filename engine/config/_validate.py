@@ -1,0 +1,301 @@
+"""`validate`: every problem of a config at once, without building any heavy object.
+
+What is checked:
+- interpolation (missing targets, circular references) and `allowed_components`;
+- for every mapping with `_component_`: the allow-list, that the path imports (did-you-mean over the
+  module's attributes), and its arguments against the callable's signature: unknown keys
+  (did-you-mean over the parameter names, unless it takes `**kwargs`), missing required arguments,
+  and types from simple annotations (int, float, bool, str, list[...], dict[...], Optional, Union,
+  Literal). A nested `_component_` value counts as "some object" and is not type-checked here
+  (its own node is checked on its own). Required arguments that recipes pass at the call site
+  (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, plus a recipe's own) are not
+  reported missing.
+- with `recipe=NAME`: when `engine.recipes.NAME` declares `CONFIG_KEYS: dict[str, str]`, unknown
+  top-level keys (did-you-mean). `allowed_components` is always accepted.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from engine.config._components import config_prefixes, import_component
+from engine.config._errors import ConfigError, ConfigProblem, did_you_mean, dotted
+from engine.config._find import recipe_from_text
+from engine.config._interpolate import UNRESOLVED, Resolver
+from engine.config._overrides import Override, parse_override
+from engine.config._overrides import _apply_one as apply_one
+from engine.config._yaml import load_yaml
+
+# Arguments recipes pass positionally at the call site, e.g. `instantiate(cfg["optimizer"], params)`.
+CALL_SITE_ARGS = frozenset({"params", "optimizer", "model", "tokenizer", "module"})
+ALWAYS_ALLOWED_KEYS = frozenset({"allowed_components"})
+_RECIPE_RE = re.compile(r"^[A-Za-z_]\w*$")
+
+
+def problem_from_error(exc: ConfigError) -> ConfigProblem:
+    """Split a ConfigError's `field: message — hint` line into a ConfigProblem."""
+    text = str(exc)
+    field = exc.field
+    if field and text.startswith(field + ": "):
+        rest = text[len(field) + 2 :]
+    elif ": " in text:
+        field, rest = text.split(": ", 1)
+    else:
+        rest = text
+    message, _, hint = rest.rpartition(" — ")
+    if not message:
+        message, hint = rest, "fix it"
+    return ConfigProblem(field or "<config>", message, hint)
+
+
+# ---- types -------------------------------------------------------------------------------------------
+
+
+def _type_name(ann: Any) -> str:
+    if isinstance(ann, type):
+        return ann.__name__
+    return str(ann).replace("typing.", "").replace("NoneType", "None")
+
+
+def _is_component(value: Any) -> bool:
+    return isinstance(value, dict) and "_component_" in value
+
+
+def _accepts(value: Any, ann: Any) -> bool | None:
+    """True/False when the simple annotation `ann` accepts/rejects `value`; None when it cannot tell."""
+    if ann is inspect.Parameter.empty or ann is Any or value is UNRESOLVED or _is_component(value):
+        return None
+    origin = typing.get_origin(ann)
+    if origin is typing.Union or origin is types.UnionType:
+        results = [_accepts(value, a) for a in typing.get_args(ann)]
+        if any(r is True for r in results):
+            return True
+        return None if any(r is None for r in results) else False
+    if origin is typing.Literal:
+        return any(type(value) is type(opt) and value == opt for opt in typing.get_args(ann))
+    if ann is None or ann is type(None):
+        return value is None
+    base = origin or ann
+    if base is bool:
+        return isinstance(value, bool)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base is str:
+        return isinstance(value, str)
+    if base in (list, tuple, set, frozenset):
+        if not isinstance(value, list):
+            return False
+        args = typing.get_args(ann)
+        if base is list and len(args) == 1 or base is tuple and len(args) == 2 and args[1] is Ellipsis:
+            if any(_accepts(v, args[0]) is False for v in value):
+                return False
+        return True
+    if base in (dict, collections.abc.Mapping):
+        return isinstance(value, dict)
+    return None
+
+
+def _hints(target: Any) -> dict[str, Any]:
+    fn = target.__init__ if inspect.isclass(target) else target
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to the raw annotations
+        return {}
+
+
+# ---- components --------------------------------------------------------------------------------------
+
+
+def _check_component(
+    node: dict, path: tuple, prefixes: list[str], call_site: frozenset[str], out: list[ConfigProblem]
+) -> None:
+    field = dotted(path + ("_component_",))
+    name = node["_component_"]
+    if name is UNRESOLVED:
+        return
+    try:
+        target = import_component(name, field=field, extra=prefixes)
+    except ConfigError as exc:
+        out.append(problem_from_error(exc))
+        return
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = {
+        n: p for n, p in params.items() if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    hints = _hints(target)
+    for key, value in node.items():
+        if key == "_component_":
+            continue
+        here = dotted(path + (key,))
+        if key not in named:
+            if not takes_kwargs:
+                out.append(
+                    ConfigProblem(
+                        here,
+                        f"unknown argument {key!r} for {name}{did_you_mean(str(key), named)}",
+                        f"remove it or use one of: {', '.join(named) or '(none)'}",
+                    )
+                )
+            continue
+        param = named[key]
+        ann = hints.get(key, param.annotation)
+        if isinstance(ann, str):
+            continue
+        if value is None and param.default is None:
+            continue
+        if _accepts(value, ann) is False:
+            out.append(
+                ConfigProblem(
+                    here,
+                    f"{name} expects {_type_name(ann)}, got {type(value).__name__} {value!r}",
+                    f"give a value of type {_type_name(ann)}",
+                )
+            )
+    for pname, param in named.items():
+        if param.default is inspect.Parameter.empty and pname not in node and pname not in call_site:
+            out.append(
+                ConfigProblem(
+                    dotted(path + (pname,)),
+                    f"missing required argument {pname!r} of {name}",
+                    f"add `{pname}: VALUE` under {dotted(path)}",
+                )
+            )
+
+
+def _walk(
+    node: Any, path: tuple, prefixes: list[str], call_site: frozenset[str], out: list[ConfigProblem]
+) -> None:
+    if isinstance(node, dict):
+        if "_component_" in node:
+            _check_component(node, path, prefixes, call_site, out)
+        for key, value in node.items():
+            if key != "_component_":
+                _walk(value, path + (key,), prefixes, call_site, out)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _walk(value, path + (i,), prefixes, call_site, out)
+
+
+# ---- recipes -----------------------------------------------------------------------------------------
+
+
+def _recipe_names() -> list[str]:
+    try:
+        pkg = importlib.import_module("engine.recipes")
+    except Exception:
+        return []
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def _recipe_module(recipe: str, out: list[ConfigProblem]) -> Any:
+    names = _recipe_names()
+    if _RECIPE_RE.match(recipe):
+        modname = f"engine.recipes.{recipe}"
+        try:
+            return importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                out.append(
+                    ConfigProblem("recipe", f"{modname} failed to import ({exc})", "install what it needs")
+                )
+                return None
+        except Exception as exc:
+            out.append(ConfigProblem("recipe", f"{modname} failed to import ({exc})", "fix that module"))
+            return None
+    out.append(
+        ConfigProblem(
+            "recipe",
+            f"no recipe named {recipe!r}{did_you_mean(recipe, names)}",
+            f"use one of: {', '.join(names) or '(none installed)'}",
+        )
+    )
+    return None
+
+
+def _check_top_keys(cfg: dict, keys: dict[str, str], out: list[ConfigProblem]) -> None:
+    allowed = set(keys) | ALWAYS_ALLOWED_KEYS
+    for key in cfg:
+        if key not in allowed:
+            out.append(
+                ConfigProblem(
+                    str(key),
+                    f"unknown top-level key for this recipe{did_you_mean(str(key), allowed)}",
+                    "remove it or fix the spelling (`tunebench cat` a built-in config for the known keys)",
+                )
+            )
+
+
+# ---- entry points ------------------------------------------------------------------------------------
+
+
+def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
+    """Every problem in `cfg` (as written or already resolved), in a stable order; [] when valid.
+
+    Imports components and recipe modules but builds nothing. Never raises ConfigError.
+    """
+    out: list[ConfigProblem] = []
+    if not isinstance(cfg, dict):
+        return [
+            ConfigProblem(
+                "<config>", f"the config is a {type(cfg).__name__}", "write a mapping of key: value"
+            )
+        ]
+    errors: list[ConfigError] = []
+    resolved = Resolver(cfg, errors=errors).resolve()
+    out.extend(problem_from_error(e) for e in errors)
+    try:
+        prefixes = config_prefixes(resolved)
+    except ConfigError as exc:
+        out.append(problem_from_error(exc))
+        prefixes = []
+    call_site = CALL_SITE_ARGS
+    if recipe is not None:
+        module = _recipe_module(recipe, out)
+        if module is not None:
+            call_site = call_site | frozenset(getattr(module, "CALL_SITE_ARGS", ()))
+            keys = getattr(module, "CONFIG_KEYS", None)
+            if isinstance(keys, dict):
+                _check_top_keys(resolved, keys, out)
+    _walk(resolved, (), prefixes, call_site, out)
+    seen: set[ConfigProblem] = set()
+    return [p for p in out if not (p in seen or seen.add(p))]
+
+
+def validate_file(
+    path: str | os.PathLike, overrides: Iterable[str | Override] = (), recipe: str | None = None
+) -> tuple[list[ConfigProblem], str | None]:
+    """Validate a config file with overrides: `(problems, recipe)`.
+
+    A malformed file is one problem (with line and column); every bad override is its own problem.
+    `recipe` defaults to the one named on the file's launch line (None when it names none).
+    """
+    try:
+        cfg = load_yaml(path)
+        text = open(path, encoding="utf-8").read()
+    except ConfigError as exc:
+        return [problem_from_error(exc)], recipe
+    if recipe is None:
+        recipe = recipe_from_text(text)
+    problems: list[ConfigProblem] = []
+    for ov in overrides:
+        try:
+            apply_one(cfg, ov if isinstance(ov, Override) else parse_override(ov))
+        except ConfigError as exc:
+            problems.append(problem_from_error(exc))
+    return problems + validate(cfg, recipe=recipe), recipe

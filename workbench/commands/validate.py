@@ -1,0 +1,40 @@
+"""`tunebench validate CONFIG [key=value ...] [--recipe NAME]`: report every problem of a config.
+
+Prints one `field: what is wrong — what to do` line per problem and exits 2 when there are any;
+prints one OK line and exits 0 when the config is valid. The recipe (for its top-level keys) comes
+from `--recipe` or the config's launch line (`# tunebench run sft --config ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="check a config (and overrides) and report every problem at once",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument("config", metavar="CONFIG", help="a YAML file or a built-in name (see `tunebench ls`)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides: key=value, a.b=value, ~key")
+    p.add_argument(
+        "--recipe", default=None, help="recipe whose top-level keys apply (default: the launch line)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import find_config
+    from engine.config._validate import validate_file
+
+    path = find_config(args.config)
+    problems, recipe = validate_file(path, args.overrides, recipe=args.recipe)
+    for problem in problems:
+        print(problem)
+    if problems:
+        noun = "problem" if len(problems) == 1 else "problems"
+        print(f"{len(problems)} {noun} in {path}")
+        return 2
+    print(f"OK: {path} is valid" + (f" for recipe {recipe}" if recipe else ""))
+    return 0
