@@ -1,0 +1,6 @@
+"""Checkpoints: HF safetensors in/out (state-dict invariant), Meta's original format, recipe state, GGUF."""
+
+from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.hf_safetensors import load_hf_weights, save_pretrained
+
+__all__ = ["CheckpointError", "load_hf_weights", "save_pretrained"]

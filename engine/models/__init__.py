@@ -1,0 +1,6 @@
+"""Native decoders: family builders, size presets, LoRA/QLoRA variants, model cards, HF loading."""
+
+from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models.pretrained import from_pretrained
+
+__all__ = ["LoRASettings", "build_decoder", "from_pretrained"]

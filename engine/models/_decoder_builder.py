@@ -1,0 +1,129 @@
+"""The one assembly routine every family builder calls: plain or LoRA linears, same module tree.
+
+Family builders (`llama3(...)`, `qwen2(...)`, ...) differ only by defaults (QKV bias, q/k norm,
+RoPE schedule, tying); LoRA builders differ only by passing `LoRASettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+from engine.modules.attention import GroupedQueryAttention
+from engine.modules.feed_forward import FeedForward
+from engine.modules.peft.lora import LoRALinear
+from engine.modules.rms_norm import RMSNorm
+from engine.modules.rotary import Llama3RopeScaling, RotaryEmbedding
+from engine.modules.transformer import TransformerBlock, TransformerDecoder
+
+AttnModule = Literal["q_proj", "k_proj", "v_proj", "output_proj"]
+ATTN_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "output_proj")
+
+
+@dataclass(frozen=True)
+class LoRASettings:
+    """Where adapters go and how big they are (see `engine.modules.peft.LoRALinear`)."""
+
+    lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    apply_lora_to_mlp: bool = False
+    apply_lora_to_output: bool = False
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    quantize_base: bool = False
+    use_dora: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.lora_attn_modules if m not in ATTN_MODULES]
+        if unknown:
+            raise ValueError(
+                f"lora_attn_modules: unknown module(s) {unknown}; choose from {list(ATTN_MODULES)}"
+            )
+
+
+def _linear(in_dim: int, out_dim: int, bias: bool, lora: LoRASettings | None, adapt: bool) -> nn.Module:
+    if lora is None or not adapt:
+        return nn.Linear(in_dim, out_dim, bias=bias)
+    return LoRALinear(
+        in_dim,
+        out_dim,
+        rank=lora.lora_rank,
+        alpha=lora.lora_alpha,
+        dropout=lora.lora_dropout,
+        use_bias=bias,
+        quantize_base=lora.quantize_base,
+        use_dora=lora.use_dora,
+    )
+
+
+def build_decoder(
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    intermediate_dim: int,
+    max_seq_len: int,
+    head_dim: int | None = None,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10000.0,
+    rope_scaling: Llama3RopeScaling | None = None,
+    attn_bias: bool = False,
+    qk_norm: bool = False,
+    tie_word_embeddings: bool = False,
+    sliding_window: int | None = None,
+    attn_dropout: float = 0.0,
+    lora: LoRASettings | None = None,
+) -> TransformerDecoder:
+    """Assemble a pre-norm GQA/SwiGLU/RMSNorm decoder. `head_dim` defaults to embed_dim // num_heads.
+
+    Raises ValueError for LoRA on a tied output projection (the adapter would also change the
+    input embedding) and for inconsistent head counts.
+    """
+    head_dim = head_dim or embed_dim // num_heads
+    if lora is not None and lora.apply_lora_to_output and tie_word_embeddings:
+        raise ValueError("apply_lora_to_output needs an untied output projection; set it to False")
+    attn_targets = set(lora.lora_attn_modules) if lora else set()
+    mlp_adapted = bool(lora and lora.apply_lora_to_mlp)
+    layers = []
+    for _ in range(num_layers):
+        attn = GroupedQueryAttention(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            q_proj=_linear(embed_dim, num_heads * head_dim, attn_bias, lora, "q_proj" in attn_targets),
+            k_proj=_linear(embed_dim, num_kv_heads * head_dim, attn_bias, lora, "k_proj" in attn_targets),
+            v_proj=_linear(embed_dim, num_kv_heads * head_dim, attn_bias, lora, "v_proj" in attn_targets),
+            output_proj=_linear(num_heads * head_dim, embed_dim, False, lora, "output_proj" in attn_targets),
+            q_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            attn_dropout=attn_dropout,
+        )
+        mlp = FeedForward(
+            gate_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
+            up_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
+            down_proj=_linear(intermediate_dim, embed_dim, False, lora, mlp_adapted),
+        )
+        layers.append(
+            TransformerBlock(
+                attn=attn,
+                mlp=mlp,
+                sa_norm=RMSNorm(embed_dim, eps=norm_eps),
+                mlp_norm=RMSNorm(embed_dim, eps=norm_eps),
+            )
+        )
+    output = None
+    if not tie_word_embeddings:
+        output = _linear(embed_dim, vocab_size, False, lora, bool(lora and lora.apply_lora_to_output))
+    return TransformerDecoder(
+        tok_embeddings=nn.Embedding(vocab_size, embed_dim),
+        layers=layers,
+        norm=RMSNorm(embed_dim, eps=norm_eps),
+        output=output,
+        rope=RotaryEmbedding(head_dim, max_seq_len, base=rope_base, scaling=rope_scaling),
+        max_seq_len=max_seq_len,
+        sliding_window=sliding_window,
+    )

@@ -1,0 +1,175 @@
+"""`config.json` of a Hugging Face model <-> arguments of `build_decoder`.
+
+Supported architectures: LlamaForCausalLM (Llama 2/3.x, SmolLM2), Qwen2ForCausalLM (Qwen2/2.5),
+Qwen3ForCausalLM, MistralForCausalLM. Reads both the transformers 4 (`rope_theta`,
+`rope_scaling`) and 5 (`rope_parameters`) spellings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.checkpoint.errors import CheckpointError
+from engine.modules.rotary import Llama3RopeScaling
+
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+}
+_MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+
+
+def read_hf_config(model_dir: str | os.PathLike) -> dict:
+    """The parsed `config.json` of `model_dir`. Raises CheckpointError when absent or not JSON."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; a Hugging Face model folder needs its config.json")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); re-download it") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object; re-download it")
+    return config
+
+
+def family_of(config: dict, source: str = "config.json") -> str:
+    """`llama`, `qwen2`, `qwen3` or `mistral`. Raises CheckpointError for anything else."""
+    archs = config.get("architectures") or []
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    if config.get("model_type") in _MODEL_TYPES:
+        return config["model_type"]
+    found = archs[0] if archs else config.get("model_type", "nothing")
+    raise CheckpointError(
+        f"{source}: architecture {found} is not supported; supported: {', '.join(ARCHITECTURES)}"
+    )
+
+
+def _rope(config: dict, source: str) -> tuple[float, Llama3RopeScaling | None]:
+    params = dict(config.get("rope_parameters") or {})
+    legacy = config.get("rope_scaling") or {}
+    params = {**legacy, **params}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind == "llama3":
+        scaling = Llama3RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+        return float(theta), scaling
+    raise CheckpointError(f"{source}: rope type {kind!r} is not supported; supported: default, llama3")
+
+
+def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
+    """Keyword arguments of `engine.models._decoder_builder.build_decoder` for `config`.
+
+    Raises CheckpointError naming the config field that is missing or unsupported.
+    """
+    family = family_of(config, source)
+    try:
+        if config.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(
+                f"{source}: hidden_act {config['hidden_act']!r} is not supported; only silu"
+            )
+        if config.get("mlp_bias"):
+            raise CheckpointError(f"{source}: mlp_bias=true is not supported")
+        if family == "qwen2" and config.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: use_sliding_window=true is not supported for Qwen2")
+        rope_base, rope_scaling = _rope(config, source)
+        heads = int(config["num_attention_heads"])
+        return dict(
+            vocab_size=int(config["vocab_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            embed_dim=int(config["hidden_size"]),
+            intermediate_dim=int(config["intermediate_size"]),
+            max_seq_len=int(config.get("max_position_embeddings", 4096)),
+            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_base=rope_base,
+            rope_scaling=rope_scaling,
+            attn_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            sliding_window=config.get("sliding_window") if family == "mistral" else None,
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"{source}: field {exc.args[0]} is missing; re-download config.json") from None
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: a size field is not a number ({exc}); fix config.json") from None
+
+
+def torch_dtype_of(config: dict) -> torch.dtype | None:
+    """The dtype config.json declares (`dtype` or `torch_dtype`), or None."""
+    name = config.get("dtype") or config.get("torch_dtype")
+    value = getattr(torch, str(name), None) if name else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> dict:
+    """A transformers-loadable `config.json` dict describing a native decoder."""
+    attn = model.layers[0].attn
+    q_proj = attn.q_proj
+    has_bias = getattr(q_proj, "bias", None) is not None
+    qk_norm = attn.q_norm is not None
+    if qk_norm:
+        family = "qwen3"
+    elif has_bias:
+        family = "qwen2"
+    elif model.sliding_window is not None:
+        family = "mistral"
+    else:
+        family = "llama"
+    rope = model.rope
+    rope_parameters: dict = {"rope_type": "default", "rope_theta": rope.base}
+    if rope.scaling is not None:
+        s = rope.scaling
+        rope_parameters = {
+            "rope_type": "llama3",
+            "rope_theta": rope.base,
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }
+    vocab, dim = model.tok_embeddings.weight.shape
+    dtype = dtype or model.tok_embeddings.weight.dtype
+    config = {
+        "architectures": [_MODEL_TYPES[family]],
+        "model_type": family,
+        "vocab_size": int(vocab),
+        "hidden_size": int(dim),
+        "intermediate_size": int(model.layers[0].mlp.gate_proj.weight.shape[0]),
+        "num_hidden_layers": len(model.layers),
+        "num_attention_heads": attn.num_heads,
+        "num_key_value_heads": attn.num_kv_heads,
+        "head_dim": attn.head_dim,
+        "max_position_embeddings": model.max_seq_len,
+        "rms_norm_eps": model.norm.eps,
+        "hidden_act": "silu",
+        "tie_word_embeddings": model.tied,
+        "rope_theta": rope.base,
+        "rope_scaling": None if rope.scaling is None else rope_parameters,
+        "rope_parameters": rope_parameters,
+        "attention_bias": has_bias,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if family == "mistral":
+        config["sliding_window"] = model.sliding_window
+    if family == "qwen2":
+        config["use_sliding_window"] = False
+    return config

@@ -1,0 +1,155 @@
+"""LoRA / DoRA linear layers over a frozen base weight, optionally stored as NF4 (QLoRA).
+
+Parameter names: the frozen base keeps the plain linear's names (`weight`, `bias`) so a LoRA model
+loads and saves the same checkpoint keys as the full model; adapters are `lora_a.weight [r, in]`,
+`lora_b.weight [out, r]` and, for DoRA, `magnitude [out]`. PEFT's layout is a rename of these
+(`lora_a` -> `lora_A`, `lora_b` -> `lora_B`, `magnitude` -> `lora_magnitude_vector`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NF4_BLOCK_SIZE = 64
+NF4_SCALER_BLOCK_SIZE = 256
+
+
+def _nf4_cls():
+    from torchao.quantization import NF4Tensor
+
+    return NF4Tensor
+
+
+def to_nf4(weight: torch.Tensor) -> torch.Tensor:
+    """Quantise a 2-D weight to torchao's NF4 (block 64, double-quantised scalers in blocks of 256).
+
+    Raises ValueError when `weight.numel()` is not a multiple of 64 * 256 (torchao's requirement).
+    """
+    from torchao.quantization import to_nf4 as _to_nf4
+
+    if weight.numel() % (NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE):
+        raise ValueError(
+            f"NF4 needs a weight whose size is a multiple of {NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE}, "
+            f"got {tuple(weight.shape)}; set quantize_base=False for this layer"
+        )
+    return _to_nf4(weight.detach(), NF4_BLOCK_SIZE, NF4_SCALER_BLOCK_SIZE)
+
+
+def is_nf4(t: torch.Tensor) -> bool:
+    try:
+        return isinstance(t, _nf4_cls())
+    except ImportError:
+        return False
+
+
+def dequantize(weight: torch.Tensor) -> torch.Tensor:
+    """The plain tensor behind `weight` (NF4 dequantised, otherwise returned as is)."""
+    return weight.get_original_weight() if is_nf4(weight) else weight
+
+
+class LoRALinear(nn.Module):
+    """`y = W x + b + (alpha / rank) * B A dropout(x)` with W (and b) frozen.
+
+    Args:
+        in_dim (int), out_dim (int): base linear sizes.
+        rank (int): adapter rank r (> 0).
+        alpha (float): scale numerator; the update is scaled by `alpha / rank`.
+        dropout (float): dropout on the adapter input; default 0.
+        use_bias (bool): whether the base linear has a (frozen) bias; default False.
+        quantize_base (bool): store W as NF4 and dequantise on the fly (QLoRA); default False.
+        use_dora (bool): weight-decomposed LoRA (Liu et al., 2024) with a trainable `magnitude`.
+
+    Raises ValueError for rank < 1 and for NF4 on a weight torchao cannot block (see `to_nf4`).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        rank: int,
+        alpha: float,
+        dropout: float = 0.0,
+        use_bias: bool = False,
+        quantize_base: bool = False,
+        use_dora: bool = False,
+    ) -> None:
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"lora_rank must be >= 1, got {rank}")
+        self.in_dim, self.out_dim, self.rank, self.alpha = in_dim, out_dim, rank, alpha
+        self.scale = alpha / rank
+        self.quantize_base = quantize_base
+        self.use_dora = use_dora
+        self.disabled = False
+        base = nn.Linear(in_dim, out_dim, bias=use_bias)
+        self.weight = nn.Parameter(base.weight.detach(), requires_grad=False)
+        self.bias = nn.Parameter(base.bias.detach(), requires_grad=False) if use_bias else None
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_a = nn.Linear(in_dim, rank, bias=False)
+        self.lora_b = nn.Linear(rank, out_dim, bias=False)
+        self.magnitude = nn.Parameter(torch.ones(out_dim)) if use_dora else None
+        if not self.weight.is_meta:
+            self.initialize_adapters()
+            if quantize_base:
+                self.quantize_base_()
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def initialize_adapters(self) -> None:
+        """A ~ Kaiming-uniform, B = 0 (the adapted layer starts equal to the base); DoRA m = ||W||_row."""
+        nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_b.weight)
+        if self.magnitude is not None:
+            with torch.no_grad():
+                self.magnitude.copy_(self._base_weight().float().norm(dim=1).to(self.magnitude.dtype))
+
+    def quantize_base_(self) -> None:
+        """Replace the base weight by its NF4 form (idempotent); called by loaders after assigning W."""
+        if self.quantize_base and not is_nf4(self.weight):
+            self.weight = nn.Parameter(to_nf4(self.weight), requires_grad=False)
+
+    def _base_weight(self) -> torch.Tensor:
+        return dequantize(self.weight)
+
+    # ---- math -----------------------------------------------------------------------------
+    def delta_weight(self) -> torch.Tensor:
+        """`scale * B @ A`, `[out, in]`."""
+        return self.scale * (self.lora_b.weight @ self.lora_a.weight)
+
+    def merged_weight(self) -> torch.Tensor:
+        """The effective dense weight `[out, in]` (differentiable w.r.t. the adapters)."""
+        base = self._base_weight()
+        if self.disabled:
+            return base
+        combined = base + self.delta_weight().to(base.dtype)
+        if self.magnitude is None:
+            return combined
+        norm = combined.float().norm(dim=1, keepdim=True).detach().to(base.dtype)  # [out,1]
+        return combined * (self.magnitude.to(base.dtype)[:, None] / norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        out = F.linear(x, self.weight, self.bias)  # NF4 weights dequantise inside F.linear
+        if self.disabled:
+            return out
+        lora = self.lora_b(self.lora_a(self.dropout(x))) * self.scale
+        if self.magnitude is None:
+            return out + lora
+        # DoRA: rescale rows of (W + scale*BA) to the learned magnitude; the norm is detached
+        # (as in the paper, section 4.3) so it costs no extra backward graph.
+        with torch.no_grad():
+            combined = self._base_weight() + self.delta_weight().to(out.dtype)
+            norm = combined.float().norm(dim=1).to(out.dtype)  # [out]
+        factor = self.magnitude.to(out.dtype) / norm
+        base_no_bias = out if self.bias is None else out - self.bias
+        adapted = factor * (base_no_bias + lora)
+        return adapted if self.bias is None else adapted + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_dim={self.in_dim}, out_dim={self.out_dim}, rank={self.rank}, alpha={self.alpha}, "
+            f"nf4={self.quantize_base}, dora={self.use_dora}"
+        )

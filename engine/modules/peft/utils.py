@@ -1,0 +1,82 @@
+"""Helpers around adapters: which parameters train, switching adapters off, merging for export."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from engine.modules.peft.lora import LoRALinear, dequantize
+
+ADAPTER_PARAM_NAMES = ("lora_a.weight", "lora_b.weight", "magnitude")
+
+
+def get_adapter_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Adapter parameters by fully qualified name (`layers.0.attn.q_proj.lora_a.weight`, ...)."""
+    params: dict[str, nn.Parameter] = {}
+    for module_name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            for local, p in module.named_parameters():
+                if local in ADAPTER_PARAM_NAMES:
+                    params[f"{module_name}.{local}" if module_name else local] = p
+    return params
+
+
+def set_trainable_params(model: nn.Module, names: Iterable[str]) -> None:
+    """`requires_grad = True` for exactly the parameters in `names`, False for all others.
+
+    Raises KeyError naming any name that is not a parameter of `model`.
+    """
+    wanted = set(names)
+    known = dict(model.named_parameters())
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise KeyError(f"not parameters of the model: {', '.join(unknown[:5])}")
+    for name, p in known.items():
+        p.requires_grad_(name in wanted)
+
+
+@contextlib.contextmanager
+def disable_adapters(model: nn.Module) -> Iterator[None]:
+    """Within the block every LoRA/DoRA layer computes its frozen base only (the DPO reference
+    policy without a second copy of the model). Restores each layer's previous state on exit."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    previous = [m.disabled for m in layers]
+    for m in layers:
+        m.disabled = True
+    try:
+        yield
+    finally:
+        for m, state in zip(layers, previous):
+            m.disabled = state
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict with every adapter merged into its base weight and adapter keys
+    dropped: the same keys (and shapes) as the model built without LoRA. NF4 bases are
+    dequantised. `dtype` casts floating tensors (default: keep)."""
+    merged: dict[str, torch.Tensor] = {}
+    lora_modules = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    for key, value in model.state_dict().items():
+        module_name, _, local = key.rpartition(".")
+        owner = lora_modules.get(module_name)
+        if owner is None:
+            parent, _, child = module_name.rpartition(".")
+            if parent in lora_modules and child in ("lora_a", "lora_b"):
+                continue  # adapter factors are folded into the base weight below
+            merged[key] = value
+            continue
+        if local == "magnitude":
+            continue
+        if local == "weight":
+            was_disabled = owner.disabled
+            owner.disabled = False
+            value = owner.merged_weight()
+            owner.disabled = was_disabled
+        merged[key] = dequantize(value)
+    if dtype is not None:
+        merged = {k: v.to(dtype) if v.is_floating_point() else v for k, v in merged.items()}
+    return merged

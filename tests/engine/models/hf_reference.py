@@ -1,0 +1,60 @@
+"""Tiny random Hugging Face reference models (transformers' own classes) for parity tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def hf_config(family: str, **overrides):
+    import transformers
+
+    sizes = {**TINY, **overrides}
+    if family == "llama2":
+        return transformers.LlamaConfig(**{**sizes, "num_key_value_heads": 4}, rms_norm_eps=1e-5)
+    if family == "llama3":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+        return transformers.LlamaConfig(**sizes, rope_parameters=rope, tie_word_embeddings=True)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**sizes, tie_word_embeddings=False)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**sizes, head_dim=24, tie_word_embeddings=True)
+    if family == "mistral":
+        return transformers.MistralConfig(**sizes, sliding_window=6)
+    raise ValueError(family)
+
+
+def hf_model(family: str, seed: int = 0, **overrides):
+    """A transformers causal LM with every parameter (norms, biases included) randomised."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = hf_config(family, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def save_hf(model, out: Path, **kwargs) -> Path:
+    model.save_pretrained(out, **kwargs)
+    return out

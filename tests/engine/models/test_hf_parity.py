@@ -1,0 +1,89 @@
+"""Native decoders equal transformers on the same weights (fp32 logits, max abs <= 1e-5), and
+`save_pretrained` writes folders transformers loads to the same logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.checkpoint import save_pretrained
+from engine.models import from_pretrained
+
+from .hf_reference import hf_model
+
+pytest.importorskip("transformers")
+
+FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral"]
+ATOL = 1e-5
+
+
+def _tokens(seed=1, shape=(2, 12), vocab=128):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, shape, generator=g)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_hf_logits_match(family, tmp_path):
+    reference = hf_model(family)
+    reference.save_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src")
+    tokens = _tokens()
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        got = ours(tokens)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_roundtrip_through_transformers(family, tmp_path):
+    import transformers
+    from safetensors import safe_open
+
+    reference = hf_model(family)
+    src = tmp_path / "src"
+    reference.save_pretrained(src, max_shard_size="20KB")  # several shards + an index
+    ours = from_pretrained(src)
+    out = save_pretrained(ours, tmp_path / "out", like=src)
+
+    src_files = sorted(p.name for p in src.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == src_files
+    assert len([n for n in src_files if n.endswith(".safetensors")]) > 1
+    src_index = json.loads((src / "model.safetensors.index.json").read_text())
+    out_index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert out_index["weight_map"] == src_index["weight_map"]
+    for shard in {*src_index["weight_map"].values()}:
+        with safe_open(src / shard, "pt") as a, safe_open(out / shard, "pt") as b:
+            assert sorted(a.keys()) == sorted(b.keys())
+            for key in a.keys():
+                assert a.get_tensor(key).dtype == b.get_tensor(key).dtype
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = _tokens(2)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(tokens).logits, reference(tokens).logits, atol=ATOL, rtol=0)
+
+
+def test_save_without_like_writes_a_transformers_config(tmp_path):
+    import transformers
+
+    reference = hf_model("qwen3")
+    reference.save_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src")
+    out = save_pretrained(ours, tmp_path / "plain", dtype=torch.bfloat16)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = _tokens(3)
+    with torch.no_grad():
+        # bf16 storage: compare against our own model rounded the same way.
+        ours_bf16 = from_pretrained(out, dtype=torch.float32)
+        torch.testing.assert_close(reloaded(tokens).logits, ours_bf16(tokens), atol=ATOL, rtol=0)
+
+
+def test_from_pretrained_casts_dtype(tmp_path):
+    hf_model("llama3").save_pretrained(tmp_path / "src")
+    model = from_pretrained(tmp_path / "src", dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not any(p.is_meta for p in model.parameters())
+    assert model(_tokens()).dtype == torch.bfloat16
