@@ -1,0 +1,190 @@
+"""validate: each kind of problem, all reported at once, nothing heavy built."""
+
+import sys
+import types
+
+import pytest
+
+from engine.config import ConfigProblem, load_yaml
+from engine.config._validate import validate, validate_file
+
+
+def fields(problems):
+    return [p.field for p in problems]
+
+
+def test_valid_config_has_no_problems(write_yaml):
+    cfg = load_yaml(
+        write_yaml(
+            """
+            lr: 1e-3
+            optimizer: {_component_: torch.optim.AdamW, lr: "${lr}", betas: [0.9, 0.95], fused: null}
+            sched: {_component_: torch.optim.lr_scheduler.StepLR, step_size: 10, gamma: 0.5}
+            loss: {_component_: torch.nn.CrossEntropyLoss, ignore_index: -100, reduction: mean}
+            """
+        )
+    )
+    assert validate(cfg) == []
+
+
+def test_every_problem_kind_at_once(write_yaml):
+    cfg = load_yaml(
+        write_yaml(
+            """
+            a: ${b}
+            b: ${a}
+            c: ${nope}
+            optimizer:
+              _component_: torch.optim.SGD
+              lrr: 0.1
+              momentum: fast
+              nesterov: 1
+            sched: {_component_: torch.optim.lr_scheduler.StepLRR}
+            evil: {_component_: os.system, command: "echo hi"}
+            lin: {_component_: torch.nn.Linear, in_features: 3}
+            ce: {_component_: torch.nn.CrossEntropyLoss, reduction: avg}
+            """
+        )
+    )
+    problems = validate(cfg)
+    assert all(isinstance(p, ConfigProblem) for p in problems)
+    by_field = {p.field: str(p) for p in problems}
+    assert "circular interpolation a -> b -> a" in by_field["a"]
+    assert "refers to nope, which does not exist" in by_field["c"]
+    assert "unknown argument 'lrr' for torch.optim.SGD (did you mean 'lr'?)" in by_field["optimizer.lrr"]
+    assert "expects float, got str 'fast'" in by_field["optimizer.momentum"]
+    assert "expects bool, got int 1" in by_field["optimizer.nesterov"]
+    assert "has no 'StepLRR' (did you mean 'StepLR'?)" in by_field["sched._component_"]
+    assert "not under an allowed prefix" in by_field["evil._component_"]
+    assert "missing required argument 'out_features'" in by_field["lin.out_features"]
+    assert (
+        "ce.reduction" not in by_field
+    )  # a str where a str is expected; its value is the callable's business
+    assert len(problems) == 8
+    # Every line reads `field: what — what to do`.
+    for p in problems:
+        assert str(p).startswith(p.field + ": ") and " — " in str(p) and "\n" not in str(p)
+
+
+def test_call_site_arguments_are_not_missing():
+    assert (
+        validate({"opt": {"_component_": "torch.optim.SGD", "lr": 0.1}}) == []
+    )  # params come from the recipe
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ("mean", True),
+        ("avg", False),
+        (3, False),
+    ],
+)
+def test_literal_types(monkeypatch, value, ok):
+    module = types.ModuleType("engine._tb_literal")
+    exec(
+        "from typing import Literal, Optional\n"
+        "def build(mode: Literal['mean', 'sum'] = 'mean', n: Optional[int] = None, xs: list[int] = (),"
+        " opts: dict | None = None, name: str = 'x', f: float = 1.0):\n    return mode\n",
+        module.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, "engine._tb_literal", module)
+    problems = validate({"x": {"_component_": "engine._tb_literal.build", "mode": value}})
+    assert (problems == []) is ok
+    bad = validate(
+        {
+            "x": {
+                "_component_": "engine._tb_literal.build",
+                "n": 1.5,
+                "xs": [1, "a"],
+                "opts": [1],
+                "name": 3,
+                "f": 2,
+            }
+        }
+    )
+    assert fields(bad) == ["x.n", "x.xs", "x.opts", "x.name"]  # f: an int is a fine float
+    assert (
+        validate({"x": {"_component_": "engine._tb_literal.build", "n": None, "xs": [1, 2], "opts": {}}})
+        == []
+    )
+
+
+def test_nested_component_is_some_object_and_is_checked_itself():
+    cfg = {
+        "m": {
+            "_component_": "torch.nn.Sequential",
+        },
+        "d": {
+            "_component_": "torch.nn.ModuleDict",
+            "modules": {"a": {"_component_": "torch.nn.Linear", "in_features": 2, "out_feature": 3}},
+        },
+    }
+    assert fields(validate(cfg)) == ["d.modules.a.out_feature", "d.modules.a.out_features"]
+
+
+def test_allow_list_applies_to_validate(monkeypatch):
+    cfg = {"f": {"_component_": "fractions.Fraction", "numerator": 1}}
+    assert fields(validate(cfg)) == ["f._component_"]
+    assert validate(dict(cfg, allowed_components=["fractions"])) == []
+    monkeypatch.setenv("TUNEBENCH_ALLOW", "fractions")
+    assert validate(cfg) == []
+    assert fields(validate({"allowed_components": 3})) == ["allowed_components"]
+
+
+def test_validate_builds_nothing(monkeypatch):
+    calls = []
+    module = types.ModuleType("engine._tb_heavy")
+
+    class Heavy:
+        def __init__(self, size: int):
+            calls.append(size)
+
+    module.Heavy = Heavy
+    monkeypatch.setitem(sys.modules, "engine._tb_heavy", module)
+    assert validate({"h": {"_component_": "engine._tb_heavy.Heavy", "size": 10**12}}) == []
+    assert calls == []
+
+
+def test_recipe_config_keys(monkeypatch):
+    recipe = types.ModuleType("engine.recipes._tb_toy")
+    recipe.CONFIG_KEYS = {
+        "model": "the model",
+        "optimizer": "the optimizer",
+        "epochs": "passes over the data",
+    }
+    recipe.CALL_SITE_ARGS = {"in_features"}
+    monkeypatch.setitem(sys.modules, "engine.recipes._tb_toy", recipe)
+    cfg = {
+        "model": {"_component_": "torch.nn.Linear", "out_features": 2},  # in_features comes from the recipe
+        "epochz": 1,
+        "allowed_components": [],
+    }
+    problems = validate(cfg, recipe="_tb_toy")
+    assert [str(p) for p in problems] == [
+        "epochz: unknown top-level key for this recipe (did you mean 'epochs'?) — remove it or fix the spelling"
+        " (`tunebench cat` a built-in config for the known keys)"
+    ]
+    assert validate({"anything": 1}) == []  # without a recipe, top-level keys are free
+
+
+def test_unknown_recipe():
+    problems = validate({}, recipe="no_such_recipe_xyz")
+    assert fields(problems) == ["recipe"] and "no recipe named 'no_such_recipe_xyz'" in str(problems[0])
+
+
+def test_validate_file_reports_yaml_line_and_column(write_yaml):
+    problems, _ = validate_file(write_yaml("a: 1\nb: [1, 2\nc: 3\n"))
+    assert len(problems) == 1
+    assert problems[0].field.endswith("cfg.yaml:3:2")
+    assert "malformed YAML" in problems[0].message
+
+
+def test_validate_file_collects_bad_overrides_and_reads_the_launch_line(write_yaml, monkeypatch):
+    recipe = types.ModuleType("engine.recipes._tb_toy2")
+    recipe.CONFIG_KEYS = {"lr": "learning rate"}
+    monkeypatch.setitem(sys.modules, "engine.recipes._tb_toy2", recipe)
+    path = write_yaml("# tunebench run _tb_toy2 --config cfg.yaml\nlr: 1\n")
+    problems, found = validate_file(path, ["oops", "~nope", "lr=2", "+epochs=3"])
+    assert found == "_tb_toy2"
+    assert fields(problems) == ["override 'oops'", "override '~nope'", "epochs"]
