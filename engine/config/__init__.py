@@ -26,13 +26,15 @@ from engine.config._find import (
 )
 from engine.config._instantiate import instantiate
 from engine.config._interpolate import resolve_interpolations
-from engine.config._load import load_config
+from engine.config._load import load_config, load_config_from_argv, split_config_argv
 from engine.config._overrides import Override, apply_overrides, parse_overrides
+from engine.config._validate import CALL_SITE_ARGS, validate, validate_file
 from engine.config._yaml import dump_config, load_yaml, parse_yaml
 
 __all__ = [
     "BUILTIN_PREFIXES",
     "BuiltinConfig",
+    "CALL_SITE_ARGS",
     "ConfigError",
     "ConfigProblem",
     "Override",
@@ -46,10 +48,14 @@ __all__ = [
     "instantiate",
     "list_builtin_configs",
     "load_config",
+    "load_config_from_argv",
     "load_yaml",
     "parse_overrides",
     "parse_yaml",
     "recipe_from_text",
     "reset_allowed_components",
     "resolve_interpolations",
+    "split_config_argv",
+    "validate",
+    "validate_file",
 ]

@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterable
 
 from engine.config._components import allow_components, config_prefixes
+from engine.config._errors import ConfigError
+from engine.config._find import find_config
 from engine.config._interpolate import resolve_interpolations
 from engine.config._overrides import Override, apply_overrides
 from engine.config._yaml import load_yaml
@@ -22,3 +24,41 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str | Override] = (
     cfg = resolve_interpolations(cfg)
     allow_components(config_prefixes(cfg))
     return cfg
+
+
+def split_config_argv(argv: list[str]) -> tuple[str, list[str]]:
+    """`["--config", FILE, "a=1", "~b"]` -> `(FILE, ["a=1", "~b"])`; `--config=FILE` works too.
+
+    Raises ConfigError when `--config` is missing or given twice, or another `--flag` appears.
+    """
+    config: str | None = None
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config" or arg.startswith("--config="):
+            if config is not None:
+                raise ConfigError("--config: given twice — pass one config file", field="--config")
+            config = arg.split("=", 1)[1] if "=" in arg else next(it, None)
+            if not config:
+                raise ConfigError("--config: no file after it — write --config FILE", field="--config")
+        elif arg.startswith("--"):
+            raise ConfigError(
+                f"{arg}: unknown option — recipes take --config FILE followed by key=value overrides",
+                field=arg,
+            )
+        else:
+            overrides.append(arg)
+    if config is None:
+        raise ConfigError("--config: missing — write --config FILE [key=value ...]", field="--config")
+    return config, overrides
+
+
+def load_config_from_argv(argv: list[str] | None = None) -> dict:
+    """The config a recipe was started with: `--config FILE_OR_BUILTIN_NAME [key=value ...]`.
+
+    `argv` defaults to `sys.argv[1:]`. Raises ConfigError as `split_config_argv` and `load_config` do.
+    """
+    import sys
+
+    config, overrides = split_config_argv(sys.argv[1:] if argv is None else list(argv))
+    return load_config(find_config(config), overrides)

@@ -175,7 +175,7 @@ def _apply_one(cfg: dict, ov: Override) -> None:
 
 def _new_value(cfg: dict, old: Any, ov: Override) -> Any:
     if not (isinstance(old, dict) and "_component_" in old and isinstance(ov.value, str)):
-        return ov.value
+        return copy.deepcopy(ov.value)
     if has_reference(ov.value):
         return ov.value  # `model=${base_model}`: the reference replaces the whole node
     if not _DOTTED_PATH_RE.match(ov.value):

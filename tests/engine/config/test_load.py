@@ -4,7 +4,16 @@ import math
 
 import pytest
 
-from engine.config import ConfigError, apply_overrides, dump_config, load_config, parse_overrides, parse_yaml
+from engine.config import (
+    ConfigError,
+    apply_overrides,
+    dump_config,
+    load_config,
+    load_config_from_argv,
+    parse_overrides,
+    parse_yaml,
+    split_config_argv,
+)
 
 BASE = """
 # tunebench run sft --config x
@@ -245,3 +254,25 @@ def test_dump_round_trips(write_yaml):
 def test_dump_round_trips_nan():
     back = parse_yaml(dump_config({"x": float("nan")}))
     assert math.isnan(back["x"])
+
+
+def test_load_config_from_argv(write_yaml):
+    path = write_yaml(BASE)
+    cfg = load_config_from_argv(["--config", str(path), "steps=3", "~compile"])
+    assert cfg["steps"] == 3 and "compile" not in cfg
+    assert load_config_from_argv([f"--config={path}"])["steps"] == 10
+    assert split_config_argv(["a=1", "--config", "x.yaml", "~b"]) == ("x.yaml", ["a=1", "~b"])
+
+
+@pytest.mark.parametrize(
+    "argv, pattern",
+    [
+        ([], r"--config: missing"),
+        (["--config"], r"--config: no file after it"),
+        (["--config", "a", "--config", "b"], r"--config: given twice"),
+        (["--config", "a", "--nproc", "2"], r"--nproc: unknown option"),
+    ],
+)
+def test_split_config_argv_errors(argv, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        split_config_argv(argv)
