@@ -1,0 +1,378 @@
+"""GGUF import: a llama-architecture `.gguf` file (llama.cpp's format) into a Hugging Face folder.
+
+    ckpt = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")       # config, weights, tokenizer in memory
+    out = convert_gguf_to_hf("model.gguf", "models/smollm2")   # config.json + model.safetensors + tokenizer
+    model = engine.models.from_pretrained(out)
+
+What the conversion undoes:
+- quantisation: every tensor is dequantised by the `gguf` package (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+  and the K-quants it knows) to float32;
+- llama.cpp's Q/K row permutation: its converter reorders the rows of `q_proj`/`k_proj` from HF's
+  "rotate halves" RoPE layout to the interleaved-pairs layout; we apply the inverse;
+- the tokenizer: a GPT-2 style byte-level BPE is rebuilt from `tokenizer.ggml.tokens/merges/token_type`
+  and its pre-tokenizer from `tokenizer.ggml.pre`; the chat template comes from `tokenizer.chat_template`.
+
+Quantised weights only approximate the original model (Q4 keeps ~4.5 bits per weight).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.checkpoint.errors import CheckpointError
+
+
+class GGUFError(CheckpointError):
+    """A GGUF file that cannot be imported: names the file (and tensor/key) and what to do."""
+
+
+# llama.cpp tensor names -> Hugging Face Llama names. `{}` is the layer index.
+GGUF_TO_HF: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{}.attn_norm.weight": "model.layers.{}.input_layernorm.weight",
+    "blk.{}.ffn_norm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "blk.{}.attn_q.weight": "model.layers.{}.self_attn.q_proj.weight",
+    "blk.{}.attn_k.weight": "model.layers.{}.self_attn.k_proj.weight",
+    "blk.{}.attn_v.weight": "model.layers.{}.self_attn.v_proj.weight",
+    "blk.{}.attn_output.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "blk.{}.ffn_gate.weight": "model.layers.{}.mlp.gate_proj.weight",
+    "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
+    "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
+}
+# Tensors that carry nothing the HF format stores (RoPE tables are recomputed from the config).
+GGUF_SKIPPED = ("rope_freqs.weight",)
+
+# Llama 3 and Qwen2 split regexes (the same ones their tokenizer.json files use).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` values whose pre-tokenizer we rebuild.
+SUPPORTED_PRE = ("smollm", "gpt-2", "gpt2", "default", "llama-bpe", "llama3", "qwen2")
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+
+
+@dataclass
+class GGUFCheckpoint:
+    """A GGUF file read into memory.
+
+    config: Hugging Face `config.json` contents (LlamaForCausalLM).
+    state_dict: HF parameter names -> float32 tensors (HF row order for q/k).
+    tokenizer_json: `tokenizer.json` text rebuilt from the metadata.
+    tokenizer_config: `tokenizer_config.json` contents (special tokens, BOS use, chat template).
+    tensor_types: HF name -> the GGUF storage type it came from ("Q4_1", "F32", ...).
+    """
+
+    config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    tokenizer_json: str
+    tokenizer_config: dict[str, Any]
+    tensor_types: dict[str, str] = field(default_factory=dict)
+
+
+def _open(path: Path):
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such GGUF file; check the path")
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/IndexError/struct.error on damaged files
+        raise GGUFError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "the file is damaged or truncated, download it again"
+        ) from None
+
+
+def _field(reader, key: str, path: Path, default: Any = ..., required: bool = True) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is not ... or not required:
+            return None if default is ... else default
+        raise GGUFError(f"{path}: metadata key {key!r} is missing; this GGUF file is incomplete")
+    return f.contents()
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation.
+
+    llama.cpp stores, per head, rows as interleaved pairs (r0, r_h, r1, r_{h+1}, ...) where HF has
+    the two halves one after the other. `weight`: `[num_heads * head_dim, D]` -> same shape, HF order.
+    """
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    # [H, hd/2, 2, D] -> [H, 2, hd/2, D]
+    return (
+        weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
+
+
+def permute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's Q/K row permutation (the inverse of `unpermute_qk`); used to write GGUF test files."""
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    # [H, 2, hd/2, D] -> [H, hd/2, 2, D]
+    return (
+        weight.reshape(num_heads, 2, head_dim // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
+
+
+def _hf_name(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+        template = GGUF_TO_HF.get(".".join(["blk", "{}", *parts[2:]]))
+        return None if template is None else template.format(parts[1])
+    return GGUF_TO_HF.get(name)
+
+
+def _dequantize(tensor, path: Path) -> torch.Tensor:
+    import numpy as np
+    from gguf import quants
+
+    try:
+        array = quants.dequantize(tensor.data, tensor.tensor_type)
+    except (NotImplementedError, quants.QuantError, KeyError):
+        raise GGUFError(
+            f"{path}: tensor {tensor.name!r} is stored as {tensor.tensor_type.name}, which cannot be "
+            "dequantised; use a GGUF with F32/F16/BF16/Q8_0/Q4_0/Q4_1 (or K-quant) tensors"
+        ) from None
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims fastest-first
+    return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True).reshape(shape))
+
+
+def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture", path)
+    if arch != "llama":
+        raise GGUFError(
+            f"{path}: architecture {arch!r} is not supported by the GGUF importer (llama only); "
+            "download the model's Hugging Face folder instead (`tunebench download REPO_ID`)"
+        )
+
+    def meta(key: str, default: Any = ...) -> Any:
+        return _field(reader, f"llama.{key}", path, default)
+
+    dim = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
+    vocab = meta("vocab_size", None)
+    if vocab is None:
+        vocab = len(_field(reader, "tokenizer.ggml.tokens", path))
+    head_dim = int(meta("rope.dimension_count", dim // heads))
+    eps = float(f"{float(meta('attention.layer_norm_rms_epsilon', 1e-5)):.6g}")
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": dim,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": int(meta("context_length", 4096)),
+        "rms_norm_eps": eps,
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": not has_output,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_scaling": None,
+    }
+    scaling = _field(reader, "llama.rope.scaling.type", path, None)
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise GGUFError(
+            f"{path}: RoPE scaling {scaling!r} is not supported by the GGUF importer (linear only)"
+        )
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
+        value = _field(reader, f"tokenizer.ggml.{name}_token_id", path, None)
+        if value is not None:
+            config[key] = int(value)
+    return config
+
+
+def _pre_tokenizer(pre: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre == "smollm":  # digits one by one, then GPT-2 byte-level with its built-in regex
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    if pre in ("llama-bpe", "llama3", "qwen2"):
+        pattern = _QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False)  # gpt-2 / default
+
+
+def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    kind = _field(reader, "tokenizer.ggml.model", path)
+    if kind != "gpt2":
+        raise GGUFError(
+            f"{path}: tokenizer model {kind!r} cannot be rebuilt (byte-level BPE 'gpt2' only); "
+            "pass the model's tokenizer folder with `tokenizer_dir=` / `--tokenizer DIR`"
+        )
+    pre = str(_field(reader, "tokenizer.ggml.pre", path, "default"))
+    if pre not in SUPPORTED_PRE:
+        raise GGUFError(
+            f"{path}: pre-tokenizer {pre!r} is unknown (known: {', '.join(SUPPORTED_PRE)}); "
+            "pass the model's tokenizer folder with `tokenizer_dir=` / `--tokenizer DIR`"
+        )
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens", path)]
+    merges = [tuple(str(m).split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", path)]
+    types = _field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=merges,
+        ignore_merges=pre in ("llama-bpe", "llama3"),
+    )
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    added = [
+        AddedToken(tokens[i], special=int(t) == _CONTROL, normalized=False)
+        for i, t in enumerate(types)
+        if int(t) in (_CONTROL, _USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+
+    def name(key: str) -> str | None:
+        value = _field(reader, f"tokenizer.ggml.{key}_token_id", path, None)
+        return None if value is None or not 0 <= int(value) < len(tokens) else tokens[int(value)]
+
+    tokenizer_config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": name("bos"),
+        "eos_token": name("eos"),
+        "pad_token": name("padding"),
+        "unk_token": name("unknown"),
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", path, False)),
+        "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", path, False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(_field(reader, "llama.context_length", path, 4096)),
+    }
+    template = _field(reader, "tokenizer.chat_template", path, None)
+    if template is not None:
+        tokenizer_config["chat_template"] = str(template)
+    return tok.to_str(), tokenizer_config
+
+
+def load_gguf(path: str | Path, *, rebuild_tokenizer: bool = True) -> GGUFCheckpoint:
+    """Read a llama-architecture GGUF file: dequantised float32 weights under HF names (Q/K rows back
+    in HF order), an HF `config.json`, and the tokenizer rebuilt from the metadata.
+
+    Raises `GGUFError` for a missing/damaged file, another architecture, a tensor type the `gguf`
+    package cannot dequantise, an unknown tensor name, or a tokenizer that cannot be rebuilt.
+    """
+    path = Path(path)
+    reader = _open(path)
+    names = {t.name for t in reader.tensors}
+    config = _config(reader, path, has_output="output.weight" in names)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    state_dict: dict[str, torch.Tensor] = {}
+    tensor_types: dict[str, str] = {}
+    for tensor in reader.tensors:
+        if tensor.name in GGUF_SKIPPED:
+            continue
+        hf = _hf_name(tensor.name)
+        if hf is None:
+            raise GGUFError(
+                f"{path}: tensor {tensor.name!r} has no Hugging Face Llama counterpart; "
+                "this is not a plain llama-architecture GGUF"
+            )
+        weight = _dequantize(tensor, path)
+        if hf.endswith("q_proj.weight"):
+            weight = unpermute_qk(weight, heads)
+        elif hf.endswith("k_proj.weight"):
+            weight = unpermute_qk(weight, kv_heads)
+        state_dict[hf] = weight
+        tensor_types[hf] = tensor.tensor_type.name
+    expected = config["num_hidden_layers"] * 9 + 2 + (0 if config["tie_word_embeddings"] else 1)
+    if len(state_dict) != expected:
+        raise GGUFError(
+            f"{path}: {len(state_dict)} weight tensors found, {expected} expected for "
+            f"{config['num_hidden_layers']} layers; the file is incomplete"
+        )
+    tokenizer_json, tokenizer_config = ("", {})
+    if rebuild_tokenizer:
+        tokenizer_json, tokenizer_config = _tokenizer(reader, path)
+    return GGUFCheckpoint(config, state_dict, tokenizer_json, tokenizer_config, tensor_types)
+
+
+def _copy_tokenizer_files(src: Path, dst: Path) -> None:
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+    found = [n for n in names if (src / n).is_file()]
+    if not found:
+        raise GGUFError(
+            f"{src}: no tokenizer.json or tokenizer.model here; pass the model's tokenizer folder"
+        )
+    for n in found:
+        shutil.copy2(src / n, dst / n)
+
+
+def convert_gguf_to_hf(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    tokenizer_dir: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a GGUF file as a Hugging Face folder that `engine.models.from_pretrained` and transformers load:
+    `config.json`, `model.safetensors` (in `dtype`, default bfloat16), `generation_config.json`,
+    `tokenizer.json` + `tokenizer_config.json` (rebuilt, or copied from `tokenizer_dir`).
+
+    The folder is written under a temporary name and renamed into place, so `out_dir` is either
+    complete or absent. Raises `GGUFError` (see `load_gguf`), or when `out_dir` exists and not `overwrite`.
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise GGUFError(f"{out_dir}: already exists; remove it or pass overwrite=True / --overwrite")
+    ckpt = load_gguf(path, rebuild_tokenizer=tokenizer_dir is None)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        config = dict(ckpt.config, torch_dtype=str(dtype).removeprefix("torch."))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        tensors = {k: v.to(dtype).contiguous() for k, v in ckpt.state_dict.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del tensors
+        if tokenizer_dir is None:
+            (tmp / "tokenizer.json").write_text(ckpt.tokenizer_json)
+            (tmp / "tokenizer_config.json").write_text(json.dumps(ckpt.tokenizer_config, indent=2) + "\n")
+        else:
+            _copy_tokenizer_files(Path(tokenizer_dir), tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
