@@ -1,0 +1,112 @@
+"""Process-group setup for torchrun launches and the clean shutdown every rank ends with.
+
+Backend: nccl when CUDA is available (one GPU per local rank), gloo on CPU. A plain `python -m ...`
+start (no torchrun environment) runs as rank 0 of 1, with no process group unless asked for one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from engine.config import ConfigError
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """Where this process sits: `rank`, `world_size`, `local_rank`, and its compute `device`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_rank_zero(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(*, force_process_group: bool = False, timeout_s: int = 1800) -> DistributedInfo:
+    """Join the torchrun job (or stay a single process) and pick this rank's device.
+
+    Args:
+        force_process_group: also create a 1-rank group when not launched by torchrun (so FSDP2 /
+            DTensor code paths can run in one process).
+        timeout_s: collective timeout.
+
+    Raises:
+        ConfigError: more ranks on a node than GPUs under CUDA.
+    """
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"nproc_per_node: local rank {local_rank} has no GPU (this node has "
+                f"{torch.cuda.device_count()}) — lower --nproc_per_node",
+                field="nproc_per_node",
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized() and (launched or force_process_group):
+        kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+        if backend == "nccl":
+            kwargs["device_id"] = device
+        if not launched:
+            kwargs.update(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(**kwargs)
+    return DistributedInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def build_world_mesh(info: DistributedInfo, *, tp: int = 1) -> DeviceMesh:
+    """A `("dp", "tp")` mesh of `world_size // tp` x `tp` ranks (just `("dp",)` when tp == 1).
+
+    Raises:
+        ConfigError: `tp` does not divide the world size.
+    """
+    if tp < 1 or info.world_size % tp:
+        raise ConfigError(
+            f"tensor_parallel_dim: {tp} must divide the number of ranks ({info.world_size}) — "
+            "change tensor_parallel_dim or --nproc_per_node",
+            field="tensor_parallel_dim",
+        )
+    if tp == 1:
+        return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
+    return init_device_mesh(info.device.type, (info.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def shutdown(code: int = 0) -> NoReturn:
+    """End this rank: barrier, destroy the process group, flush output, `os._exit(code)`.
+
+    `os._exit` skips interpreter teardown, where FSDP2 on gloo can abort after a clean run.
+    """
+    if dist.is_available() and dist.is_initialized():
+        try:
+            if code == 0:
+                dist.barrier()
+            dist.destroy_process_group()
+        except Exception as exc:  # a peer already gone: still exit with our own code
+            print(f"warning: process group shutdown: {exc}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

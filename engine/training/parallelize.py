@@ -1,0 +1,207 @@
+"""`parallelize`: tensor parallelism -> activation checkpointing -> compile -> FSDP2, in that order.
+
+The order matters: TP rewrites projection weights into DTensors sharded on the "tp" mesh dimension,
+checkpointing then wraps whole blocks, compile traces each wrapped block once, and FSDP2 shards what
+results on the "dp" dimension (per block, then the root for embeddings, final norm and output).
+Build the model on `meta`, call `parallelize`, then `materialize_model` to allocate only the local
+shards and fill them from a full state dict (or an init function).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from engine.config import ConfigError
+from engine.training.activation_checkpointing import _layers, apply_activation_checkpointing
+
+# Block submodule -> TP style. Column-parallel projections split their output features (whole heads /
+# hidden units per rank); row-parallel ones split their input features and all-reduce the output.
+TP_PLAN = {
+    "attn.q_proj": "colwise",
+    "attn.k_proj": "colwise",
+    "attn.v_proj": "colwise",
+    "attn.output_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+
+
+def _apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    tp = tp_mesh.size()
+    for i, block in enumerate(_layers(model)):
+        plan = {}
+        for name, style in TP_PLAN.items():
+            try:
+                sub = block.get_submodule(name)
+            except AttributeError:
+                raise ConfigError(
+                    f"tensor_parallel_dim: block {i} has no `{name}` (TP expects attn.q_proj/k_proj/v_proj/"
+                    "output_proj and mlp.gate_proj/up_proj/down_proj) — set tensor_parallel_dim=1",
+                    field="tensor_parallel_dim",
+                ) from None
+            if type(sub) is not nn.Linear:
+                raise ConfigError(
+                    f"tensor_parallel_dim: block {i} `{name}` is a {type(sub).__name__}; tensor parallelism "
+                    "supports plain nn.Linear projections (not LoRA/NF4) — set tensor_parallel_dim=1",
+                    field="tensor_parallel_dim",
+                )
+            plan[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+        attn = block.attn
+        for heads in ("num_heads", "num_kv_heads"):
+            if getattr(attn, heads) % tp:
+                raise ConfigError(
+                    f"tensor_parallel_dim: {tp} does not divide {heads}={getattr(attn, heads)} — "
+                    "choose a divisor",
+                    field="tensor_parallel_dim",
+                )
+        parallelize_module(block, tp_mesh, plan)
+        # Each rank now computes its own heads: the attention reshapes use local head counts.
+        attn.num_heads //= tp
+        attn.num_kv_heads //= tp
+
+
+def parallelize(
+    model: nn.Module,
+    *,
+    world_mesh: DeviceMesh | None,
+    tp: int = 1,
+    activation_checkpointing: bool | int = False,
+    compile: bool = False,
+    fsdp: bool = True,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Apply the parallelism and memory options to a decoder, in place; returns the model.
+
+    Args:
+        model: has `layers: nn.ModuleList` (on `meta` or a real device).
+        world_mesh: from `build_world_mesh` (dims "dp" or "dp","tp"); None for one process, no FSDP/TP.
+        tp: tensor-parallel degree (the mesh's "tp" size); 1 = off.
+        activation_checkpointing: False, True (every block) or k (every k-th block).
+        compile: `torch.compile` each block (the loss and the root run eagerly).
+        fsdp: shard parameters, gradients and optimizer state over "dp" with FSDP2.
+        reshard_after_forward: free the gathered block weights after forward (re-gather in backward):
+            less memory, one more all-gather per block.
+        cpu_offload: keep sharded parameters/gradients/optimizer state in CPU memory (FSDP2).
+        param_dtype, reduce_dtype: FSDP2 mixed precision (e.g. bf16 compute, fp32 gradient reduce).
+
+    Raises:
+        ConfigError: a mesh/option mismatch, TP on an unsupported block.
+    """
+    if (fsdp or tp > 1) and world_mesh is None:
+        raise ConfigError(
+            "parallelize: fsdp/tensor parallelism need a device mesh — launch with torchrun or set fsdp=false",
+            field="fsdp",
+        )
+    if world_mesh is not None:
+        names = world_mesh.mesh_dim_names or ()
+        mesh_tp = world_mesh["tp"].size() if "tp" in names else 1
+        if mesh_tp != tp:
+            raise ConfigError(
+                f"tensor_parallel_dim: {tp} but the device mesh has tp={mesh_tp} — build the mesh with tp={tp}",
+                field="tensor_parallel_dim",
+            )
+    layers = _layers(model)
+
+    # 1. Tensor parallelism (needs plain nn.Linear projections).
+    if tp > 1:
+        _apply_tp(model, world_mesh["tp"])
+
+    # 2. Activation checkpointing per block.
+    if activation_checkpointing:
+        every_k = 1 if activation_checkpointing is True else int(activation_checkpointing)
+        apply_activation_checkpointing(model, every_k=every_k)
+
+    # 3. Compile per block: repeated identical blocks share one compiled graph.
+    if compile:
+        for block in layers:
+            block.compile()
+
+    # 4. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
+    if fsdp:
+        dp_mesh = world_mesh["dp"] if "dp" in (world_mesh.mesh_dim_names or ()) else world_mesh
+        kwargs = {"mesh": dp_mesh}
+        if param_dtype is not None or reduce_dtype is not None:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        if cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        for i, block in enumerate(layers):
+            # The last block's weights are needed again at once by backward: keep them gathered.
+            last = i == len(layers) - 1
+            fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **kwargs)
+        fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    return model
+
+
+def materialize_model(
+    model: nn.Module,
+    *,
+    device: torch.device | str,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    init_fn: Callable[[nn.Module], None] | None = None,
+    broadcast_from_rank0: bool = False,
+    strict: bool = True,
+) -> nn.Module:
+    """Allocate a (possibly sharded) `meta` model on `device` and fill it.
+
+    Args:
+        state_dict: a FULL (unsharded) state dict; each rank keeps its own shards of it.
+        init_fn: called with the model under `no_grad` when no state dict is given (random init).
+        broadcast_from_rank0: only rank 0 holds `state_dict` (others pass `{}`); it is broadcast.
+        strict: refuse missing/unexpected keys.
+
+    Raises:
+        ConfigError: neither a state dict nor an init function, or keys that do not match.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if state_dict is None and init_fn is None:
+        raise ConfigError("model: materializing needs a checkpoint or an init function", field="model")
+    device = torch.device(device)
+    model.to_empty(device=device)
+    for module in model.modules():  # non-persistent buffers (RoPE tables) are not in checkpoints
+        rope_init = getattr(module, "rope_init", None)
+        if callable(rope_init):
+            rope_init(device)
+    if state_dict is None:
+        with torch.no_grad():
+            init_fn(model)
+        return model
+    options = StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=broadcast_from_rank0)
+    try:
+        set_model_state_dict(model, state_dict, options=options)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"checkpoint: weights do not match the model ({first}) — check the model builder and checkpoint",
+            field="checkpoint",
+        ) from None
+    return model
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """Total gradient 2-norm over all ranks (DTensor grads included); clips when `max_norm` is set.
+
+    Returns:
+        The norm before clipping, a plain scalar tensor (for the `grad_norm` metric).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=True)
+    if isinstance(total, DTensor):  # partial norms of shards: reduce to the full norm
+        total = total.full_tensor()
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

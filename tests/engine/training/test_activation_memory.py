@@ -1,0 +1,68 @@
+"""Activation checkpointing: same loss and gradients, fewer saved bytes; offloading refuses CPU."""
+
+import pytest
+import torch
+
+from engine.config import ConfigError
+from engine.training import ActivationOffloading, apply_activation_checkpointing
+from tests.engine.training.tiny_decoder import tiny_decoder
+
+
+def _saved_bytes_and_grads(model, tokens):
+    saved = 0
+
+    def pack(t):
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(tokens).float().logsumexp(-1).mean()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]  # same order with or without the wrappers
+    return loss.detach(), saved, grads
+
+
+def test_checkpointing_keeps_values_and_saves_fewer_activations():
+    tokens = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+    plain = tiny_decoder(num_layers=4)
+    loss_ref, saved_ref, grads_ref = _saved_bytes_and_grads(plain, tokens)
+    wrapped = tiny_decoder(num_layers=4)
+    assert apply_activation_checkpointing(wrapped, every_k=1) == 4
+    loss, saved, grads = _saved_bytes_and_grads(wrapped, tokens)
+    torch.testing.assert_close(loss, loss_ref, atol=0, rtol=0)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(grad, grad_ref, atol=0, rtol=0)
+    assert saved < 0.5 * saved_ref, (saved, saved_ref)
+    # The checkpoint wrapper strips its prefix: state dicts load across both forms.
+    assert set(wrapped.state_dict()) == set(plain.state_dict())
+    plain.load_state_dict(wrapped.state_dict())
+
+
+def test_every_k_and_errors():
+    model = tiny_decoder(num_layers=4)
+    assert apply_activation_checkpointing(model, every_k=2) == 2
+    assert apply_activation_checkpointing(model, every_k=1) == 2  # already wrapped blocks are skipped
+    with pytest.raises(ConfigError, match="every_k"):
+        apply_activation_checkpointing(model, every_k=0)
+    with pytest.raises(ConfigError, match="no `layers`"):
+        apply_activation_checkpointing(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal applies without CUDA")
+def test_offloading_refuses_cpu_with_a_clear_line():
+    with pytest.raises(ConfigError, match="enable_activation_offloading: needs a CUDA device"):
+        ActivationOffloading(tiny_decoder())
+
+
+@pytest.mark.gpu
+def test_offloading_same_gradients_on_cuda():
+    tokens = torch.randint(0, 128, (2, 64), device="cuda")
+    ref = tiny_decoder().cuda()
+    ref(tokens).float().logsumexp(-1).mean().backward()
+    model = tiny_decoder().cuda()
+    with ActivationOffloading(model, min_offload_bytes=0):
+        loss = model(tokens).float().logsumexp(-1).mean()
+    loss.backward()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
