@@ -1,0 +1,174 @@
+"""Compare: two or more runs' curves overlaid by step, a summary table (final and best loss,
+median tokens/s, peak memory, wall time) and their config differences grouped as model, data mix,
+recipe, memory options and hyperparameters.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from rich.table import Table
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from workbench.messages import ActionDone
+from workbench.screens import services
+from workbench.screens.config_diff import config_diff
+from workbench.widgets.metric_plot import MetricPlot
+from workbench.widgets.runs_table import format_duration
+
+METRICS = ("loss", "lr", "tokens_per_sec", "mem_peak_gb", "grad_norm")
+
+
+def summarize(run: dict[str, Any], series: dict[str, tuple[list[int], list[float]]]) -> dict[str, Any]:
+    """Final and best loss, median tokens/s, peak memory and wall time of one run."""
+    loss = [v for v in series.get("loss", ([], []))[1] if math.isfinite(v)]
+    tps = [v for v in series.get("tokens_per_sec", ([], []))[1] if math.isfinite(v)]
+    mem = [v for v in series.get("mem_peak_gb", ([], []))[1] if math.isfinite(v)]
+    started, ended = run.get("started_at"), run.get("ended_at")
+    return {
+        "final_loss": loss[-1] if loss else None,
+        "best_loss": min(loss) if loss else None,
+        "tokens_per_sec": statistics.median(tps) if tps else None,
+        "mem_peak_gb": max(mem) if mem else None,
+        "wall_s": (ended - started) if started and ended else None,
+    }
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+class CompareScreen(Screen):
+    """Compare: overlaid curves, a summary table and a config diff of the marked runs."""
+
+    TITLE = "Compare"
+    BINDINGS = [
+        Binding("m", "next_metric", "metric"),
+        Binding("q,escape", "back", "back"),
+    ]
+    DEFAULT_CSS = """
+    CompareScreen #compare-top {
+        height: 1fr;
+    }
+    CompareScreen #summary {
+        height: auto;
+        max-height: 8;
+    }
+    CompareScreen #diff-box {
+        height: 1fr;
+        border: round $panel;
+    }
+    """
+
+    def __init__(self, run_ids: list[str]) -> None:
+        super().__init__()
+        self.run_ids = list(run_ids)
+        self.runs: dict[str, dict[str, Any]] = {}
+        # run id -> metric name -> (steps, values) of rank 0
+        self.data: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+        self.metric = "loss"
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="compare-top"):
+            yield MetricPlot("loss", id="compare-plot")
+        yield DataTable(id="summary", cursor_type="none")
+        with VerticalScroll(id="diff-box"):
+            yield Static("loading...", id="diff")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#diff-box").border_title = "config diff"
+        self.load()
+
+    @work(thread=True, exclusive=True, group="compare-load")
+    def load(self) -> None:
+        runs, data = {}, {}
+        try:
+            for rid in self.run_ids:
+                run, metrics, _ = services.poll_run(rid, after_metric=0, after_event=0)
+                series: dict[str, tuple[list[int], list[float]]] = {}
+                for m in metrics:
+                    if m.rank == 0 or m.name == "mem_peak_gb":
+                        xs, ys = series.setdefault(m.name, ([], []))
+                        xs.append(m.step)
+                        ys.append(m.value)
+                runs[rid], data[rid] = run, series
+        except Exception as exc:
+            self.post_message(ActionDone("compare", f"cannot read runs: {exc}", ok=False))
+            return
+        self.app.call_from_thread(self.show, runs, data)
+
+    def show(self, runs: dict[str, dict[str, Any]], data: dict[str, dict[str, tuple[list, list]]]) -> None:
+        """Fill the plot, the summary table and the diff (also used by the benchmark)."""
+        self.runs, self.data = runs, data
+        self.redraw_plot()
+        table = self.query_one("#summary", DataTable)
+        table.clear(columns=True)
+        table.add_columns(
+            "run", "status", "final loss", "best loss", "tok/s (median)", "peak GB", "wall time"
+        )
+        for rid in self.run_ids:
+            run = runs[rid]
+            s = summarize(run, data[rid])
+            table.add_row(
+                str(run.get("name")),
+                str(run.get("status")),
+                _fmt(s["final_loss"], ".4f"),
+                _fmt(s["best_loss"], ".4f"),
+                _fmt(s["tokens_per_sec"], ",.0f"),
+                _fmt(s["mem_peak_gb"], ".2f"),
+                format_duration(s["wall_s"]),
+            )
+        self.query_one("#diff", Static).update(self._diff_table())
+
+    def _diff_table(self):
+        import yaml
+
+        configs = []
+        for rid in self.run_ids:
+            try:
+                configs.append(yaml.safe_load(self.runs[rid].get("config_text") or "") or {})
+            except yaml.YAMLError:
+                configs.append({})
+        diff = config_diff(configs)
+        if not diff:
+            return "the configs are identical"
+        table = Table(box=None, expand=True, show_edge=False)
+        table.add_column("setting", style="bold")
+        for rid in self.run_ids:
+            table.add_column(str(self.runs[rid].get("name")))
+        for group, rows in diff.items():
+            table.add_row(f"[reverse] {group} [/reverse]", *[""] * len(self.run_ids))
+            for key, values in rows:
+                table.add_row(key, *values)
+        return table
+
+    def redraw_plot(self) -> None:
+        plot = self.query_one("#compare-plot", MetricPlot)
+        plot.border_title = self.metric
+        plot.set_series(
+            {
+                str(self.runs[rid].get("name")): self.data[rid].get(self.metric, ([], []))
+                for rid in self.run_ids
+                if rid in self.data
+            }
+        )
+
+    def action_next_metric(self) -> None:
+        self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
+        self.redraw_plot()
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def on_action_done(self, message: ActionDone) -> None:
+        self.notify(message.text, severity="error" if not message.ok else "information")
+        self.query_one("#diff", Static).update(message.text)

@@ -1,0 +1,231 @@
+"""Live run: loss, learning rate, tokens/s and memory per rank as they arrive, progress with ETA,
+the log tail, and toasts for NaN, out-of-memory, checkpoints and the end of the run.
+
+Recipe panels appear when the recipe logs them: DPO rewards and margins, GRPO reward and KL, and
+loss per data source (`loss/<source>`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label
+
+from workbench.messages import ActionDone, RunDataArrived
+from workbench.screens import services
+from workbench.screens.confirm import ConfirmScreen
+from workbench.widgets.log_tail import LogTail
+from workbench.widgets.metric_plot import MetricPlot
+from workbench.widgets.run_progress import RunProgress
+
+# Plot id -> (title, metric names drawn in it; per-rank metrics get one curve per rank)
+PLOTS = {
+    "loss": ("loss", ("loss",)),
+    "lr": ("learning rate", ("lr",)),
+    "tps": ("tokens/s", ("tokens_per_sec",)),
+    "mem": ("memory GB (per rank)", ("mem_peak_gb",)),
+}
+RECIPE_PREFIXES = ("rewards/", "reward", "kl", "loss/", "margin", "logps/")
+TOAST_EVENTS = {
+    "nan": ("error", "loss is NaN"),
+    "oom": ("error", "out of memory"),
+    "checkpoint": ("information", "checkpoint saved"),
+    "end": ("information", "run ended"),
+}
+ENDED = ("completed", "failed", "stopped")
+
+
+def recipe_metric(name: str) -> bool:
+    """Metrics shown in the recipe panel (anything recipe-specific, not the four standard plots)."""
+    return name != "loss" and name.startswith(RECIPE_PREFIXES)
+
+
+class LiveRunScreen(Screen):
+    """Live run: curves, progress, log and toasts of one run while it trains (or after it ended)."""
+
+    TITLE = "Live run"
+    BINDINGS = [
+        Binding("x", "stop", "stop"),
+        Binding("r", "resume", "resume"),
+        Binding("k", "clone", "clone"),
+        Binding("q,escape", "back", "back"),
+    ]
+    DEFAULT_CSS = """
+    LiveRunScreen #plots {
+        grid-size: 2;
+        grid-gutter: 0 1;
+        height: 1fr;
+    }
+    LiveRunScreen #plots.-with-recipe {
+        grid-size: 3;
+    }
+    LiveRunScreen #run-title {
+        height: 1;
+        padding: 0 1;
+        text-style: bold;
+    }
+    """
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.run: dict[str, Any] = {}
+        # metric name -> rank -> (steps, values)
+        self.series: dict[str, dict[int, tuple[list[int], list[float]]]] = defaultdict(dict)
+        self._after_metric = 0
+        self._after_event = 0
+        self._log_offset = 0
+        self._last_status: str | None = None
+        self._recipe_panel = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Label(f"run {self.run_id}", id="run-title")
+        yield RunProgress()
+        with Grid(id="plots"):
+            for pid, (title, _) in PLOTS.items():
+                yield MetricPlot(title, id=f"plot-{pid}")
+        yield LogTail()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.poll()
+        self.set_interval(self.app.interval, self.poll)
+
+    # Polling --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="live-poll")
+    def poll(self) -> None:
+        try:
+            run, metrics, events = services.poll_run(
+                self.run_id, after_metric=self._after_metric, after_event=self._after_event
+            )
+            log_text, offset = services.read_log(self.run_id, run.get("output_dir"), self._log_offset)
+        except Exception as exc:
+            self.post_message(ActionDone("poll", f"cannot read run {self.run_id}: {exc}", ok=False))
+            return
+        grouped: dict[str, dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+        for m in metrics:
+            grouped[m.name][m.rank].append((m.step, m.value))
+        if metrics:
+            self._after_metric = max(m.id for m in metrics)
+        if events:
+            self._after_event = max(e.id for e in events)
+        self._log_offset = offset
+        self.post_message(
+            RunDataArrived(
+                self.run_id,
+                run,
+                {k: dict(v) for k, v in grouped.items()},
+                [{"kind": e.kind, "text": e.text, "step": e.step} for e in events],
+                log_text,
+            )
+        )
+
+    def on_run_data_arrived(self, message: RunDataArrived) -> None:
+        self.run = message.run
+        for name, ranks in message.metrics.items():
+            for rank, points in ranks.items():
+                xs, ys = self.series[name].setdefault(rank, ([], []))
+                xs.extend(p[0] for p in points)
+                ys.extend(p[1] for p in points)
+        self._update_header()
+        if message.metrics:
+            self._replot(set(message.metrics))
+        self.query_one(LogTail).append_text(message.log_text)
+        for event in message.events:
+            severity, label = TOAST_EVENTS.get(event["kind"], (None, None))
+            if severity:
+                self.notify(f"{label}: {event['text']}", severity=severity, timeout=6)
+        status = self.run.get("status")
+        if self._last_status not in (None, status) and status in ENDED:
+            error = self.run.get("error")
+            self.notify(
+                f"run {self.run.get('name')} {status}" + (f": {error.splitlines()[-1]}" if error else ""),
+                severity="error" if status == "failed" else "information",
+                timeout=8,
+            )
+        self._last_status = status
+
+    def _update_header(self) -> None:
+        run = self.run
+        started = run.get("started_at")
+        end = run.get("ended_at") or time.time()
+        elapsed = (end - started) if started else None
+        self.query_one("#run-title", Label).update(
+            f"{run.get('name')}  [{run.get('status')}]  {run.get('recipe')}  {run.get('model') or ''}"
+            f"  x{run.get('nproc', 1)}"
+        )
+        self.sub_title = str(run.get("name"))
+        self.query_one(RunProgress).update_progress(
+            int(run.get("step") or 0), run.get("total_steps"), elapsed
+        )
+
+    def _curves(self, names: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
+        curves = {}
+        for name in names:
+            ranks = self.series.get(name, {})
+            for rank, xy in sorted(ranks.items()):
+                curves[f"{name} r{rank}" if len(ranks) > 1 or rank else name] = xy
+        return curves
+
+    def _replot(self, changed: set[str]) -> None:
+        for pid, (_, names) in PLOTS.items():
+            if changed & set(names):
+                self.query_one(f"#plot-{pid}", MetricPlot).set_series(self._curves(names))
+        extra = sorted(n for n in self.series if recipe_metric(n))
+        if extra and not self._recipe_panel:
+            self._recipe_panel = True
+            self.query_one("#plots").add_class("-with-recipe")
+            self.query_one("#plots").mount(MetricPlot("recipe metrics", id="plot-recipe"))
+            self.call_after_refresh(self._replot, set(extra))
+            return
+        if extra and changed & set(extra):
+            self.query_one("#plot-recipe", MetricPlot).set_series(self._curves(tuple(extra)))
+
+    # Actions --------------------------------------------------------------------------------
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_stop(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._act("stop")
+
+        self.app.push_screen(ConfirmScreen(f"Stop {self.run.get('name', self.run_id)}?"), answered)
+
+    def action_resume(self) -> None:
+        self._act("resume")
+
+    def action_clone(self) -> None:
+        self.app.push_screen(self.app.make_screen("recipe", clone_of=self.run_id))
+
+    @work(thread=True, group="live-action")
+    def _act(self, action: str) -> None:
+        try:
+            if action == "stop":
+                services.stop_run(self.run_id)
+            else:
+                self._reset_for_resume()
+                services.resume_run(self.run_id)
+        except Exception as exc:
+            self.post_message(ActionDone(action, str(exc), ok=False, run_id=self.run_id))
+            return
+        self.post_message(
+            ActionDone(action, "stop requested" if action == "stop" else "resumed", run_id=self.run_id)
+        )
+
+    def _reset_for_resume(self) -> None:
+        """Resume truncates metrics past the checkpoint: re-read the curves from scratch."""
+        self._after_metric = 0
+        self._after_event = 0
+        self.app.call_from_thread(self.series.clear)
+
+    def on_action_done(self, message: ActionDone) -> None:
+        self.notify(message.text, severity="information" if message.ok else "error")

@@ -1,0 +1,155 @@
+"""Models: the model cards (family, size, parameters, layers, context, vocabulary, licence) and the
+checkpoints found on disk (TUNEBENCH_HOME/models and the Hugging Face cache), with a download action.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
+
+from workbench.messages import ActionDone
+from workbench.screens import services
+from workbench.screens.confirm import TextPromptScreen
+
+
+def _get(card: Any, *names: str) -> Any:
+    for name in names:
+        value = card.get(name) if isinstance(card, dict) else getattr(card, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def human_count(n: Any) -> str:
+    """1_234_567_890 -> `1.23B`, 135_000_000 -> `135M`."""
+    if not isinstance(n, (int, float)):
+        return "-"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K"
+
+
+class ModelsScreen(Screen):
+    """Models: model cards and the local checkpoints; `d` downloads a Hub model."""
+
+    TITLE = "Models"
+    BINDINGS = [
+        Binding("d", "download", "download"),
+        Binding("r", "reload", "reload"),
+        Binding("q,escape", "back", "back"),
+    ]
+    DEFAULT_CSS = """
+    ModelsScreen #cards {
+        height: 2fr;
+        border: round $panel;
+    }
+    ModelsScreen #local {
+        height: 1fr;
+        border: round $panel;
+    }
+    ModelsScreen #download-bar {
+        height: 1;
+    }
+    ModelsScreen #models-status {
+        height: 1;
+        padding: 0 1;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield DataTable(id="cards", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="local", cursor_type="row", zebra_stripes=True)
+        yield ProgressBar(total=None, id="download-bar", show_eta=True)
+        yield Label("", id="models-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        cards = self.query_one("#cards", DataTable)
+        cards.border_title = "model cards"
+        cards.add_columns(
+            "model", "family", "params", "layers", "dim", "heads/kv", "context", "vocab", "licence"
+        )
+        local = self.query_one("#local", DataTable)
+        local.border_title = "on disk"
+        local.add_columns("name", "where", "size GB", "path")
+        self.query_one("#download-bar").display = False
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        self.load()
+
+    @work(thread=True, exclusive=True, group="models-load")
+    def load(self) -> None:
+        try:
+            cards = services.model_cards()
+        except Exception as exc:
+            self.post_message(ActionDone("cards", f"model cards unavailable: {exc}", ok=False))
+            cards = []
+        local = services.local_checkpoints()
+        self.app.call_from_thread(self._fill, cards, local)
+
+    def _fill(self, cards: list[Any], local: list[dict[str, Any]]) -> None:
+        table = self.query_one("#cards", DataTable)
+        table.clear()
+        for card in cards:
+            heads, kv = _get(card, "num_heads"), _get(card, "num_kv_heads")
+            table.add_row(
+                str(_get(card, "name", "preset")),
+                str(_get(card, "family") or "-"),
+                human_count(_get(card, "num_params", "params", "parameters")),
+                str(_get(card, "num_layers") or "-"),
+                str(_get(card, "dim", "embed_dim", "hidden_size") or "-"),
+                f"{heads}/{kv}" if heads else "-",
+                str(_get(card, "context_length", "max_seq_len") or "-"),
+                str(_get(card, "vocab_size") or "-"),
+                str(_get(card, "licence", "license") or "-"),
+            )
+        disk = self.query_one("#local", DataTable)
+        disk.clear()
+        for row in local:
+            disk.add_row(row["name"], row["where"], f"{row['size_gb']:.2f}", row["path"])
+        self.query_one("#models-status", Label).update(
+            f"{len(cards)} model cards, {len(local)} local checkpoints · d: download from the Hub"
+        )
+
+    def action_download(self) -> None:
+        def chosen(repo: str | None) -> None:
+            if repo and repo.strip():
+                bar = self.query_one("#download-bar", ProgressBar)
+                bar.display = True
+                bar.update(total=None, progress=0)
+                self._download(repo.strip())
+
+        self.app.push_screen(TextPromptScreen("Hub model id to download (e.g. Qwen/Qwen3-0.6B):"), chosen)
+
+    @work(thread=True, exclusive=True, group="models-download")
+    def _download(self, repo: str) -> None:
+        bar = self.query_one("#download-bar", ProgressBar)
+
+        def progress(done: int, total: int) -> None:
+            self.app.call_from_thread(bar.update, total=total or None, progress=done)
+
+        try:
+            path = services.download_model(repo, progress)
+        except Exception as exc:
+            self.post_message(ActionDone("download", str(exc), ok=False))
+            return
+        self.post_message(ActionDone("download", f"downloaded {repo} to {path}"))
+
+    def on_action_done(self, message: ActionDone) -> None:
+        if message.action == "download":
+            self.query_one("#download-bar").display = False
+            self.load()
+        self.query_one("#models-status", Label).update(message.text)
+        self.notify(message.text, severity="information" if message.ok else "error", timeout=8)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

@@ -1,0 +1,421 @@
+"""Recipe: pick a config (recipe and method), edit hyperparameters and memory/parallel options,
+see the YAML and a memory estimate against this machine's device memory, then validate, export or
+launch it. Cloning a run opens this screen prefilled, with the parent recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
+
+from workbench.messages import ActionDone
+from workbench.screens import services
+from workbench.screens.confirm import TextPromptScreen
+from workbench.screens.recipe_options import (
+    KNOBS,
+    get_path,
+    knob_key,
+    method_of,
+    model_shape_source,
+    override_text,
+    training_options,
+)
+from workbench.widgets.memory_panel import MemoryPanel
+from workbench.widgets.yaml_view import YamlView
+
+
+class RecipeScreen(Screen):
+    """Recipe: configure a run, check its memory estimate, validate, export and launch it."""
+
+    TITLE = "Recipe"
+    BINDINGS = [
+        Binding("f5", "validate", "validate"),
+        Binding("f6", "export", "export YAML"),
+        Binding("f9", "launch", "launch"),
+        Binding("ctrl+d", "use_mix", "use data mix", show=False),
+        Binding("escape", "back", "back"),
+    ]
+    DEFAULT_CSS = """
+    RecipeScreen #form {
+        width: 46;
+        min-width: 34;
+        border: round $panel;
+    }
+    RecipeScreen #form .knob {
+        height: auto;
+    }
+    RecipeScreen #form .knob Label {
+        width: 20;
+        padding: 1 1 0 0;
+    }
+    RecipeScreen #form .knob Input {
+        width: 1fr;
+    }
+    RecipeScreen #form Checkbox {
+        border: none;
+        padding: 0;
+        height: 1;
+    }
+    RecipeScreen #side {
+        width: 1fr;
+    }
+    RecipeScreen #problems {
+        height: auto;
+        max-height: 8;
+        color: $error;
+    }
+    RecipeScreen #recipe-info {
+        padding: 0 1;
+        text-style: bold;
+    }
+    """
+
+    def __init__(
+        self, *, clone_of: str | None = None, config: str | None = None, use_mix: bool = False
+    ) -> None:
+        """`clone_of`: a run id whose config prefills the form (the new run records it as parent);
+        `config`: a built-in config name or path to start from; `use_mix`: replace the config's
+        dataset with the mix composed on the Data screen."""
+        super().__init__()
+        self.use_mix = use_mix
+        self.clone_of = clone_of
+        self.start_config = config
+        self.base: dict[str, Any] = {}  # the config as loaded
+        self.cfg: dict[str, Any] = {}  # with the form's overrides applied
+        self.header_text = ""
+        self.recipe: str | None = None
+        self.overrides: dict[str, str] = {}
+        self.knob_keys: dict[str, str] = {}  # widget id -> config key
+        self.parent_peak_gb: float | None = None
+        self.device: tuple[str, float | None] = ("unknown", None)
+        self.yaml_text = ""
+        self.clone_module: str | None = None
+        self.clone_tags: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with VerticalScroll(id="form"):
+                yield Select([], prompt="built-in config", id="config-select", allow_blank=True)
+                yield Input(placeholder="or a config file / name + enter", id="config-path")
+                yield Label("", id="recipe-info")
+                yield Input(placeholder="run name (optional)", id="run-name")
+                with Horizontal(classes="knob"):
+                    yield Label("processes")
+                    yield Input("1", id="nproc", type="integer")
+                yield Vertical(id="knobs")
+                yield Static("", id="problems")
+            with Vertical(id="side"):
+                yield MemoryPanel("estimating...")
+                yield YamlView()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#form").border_title = "run settings"
+        self.load_choices()
+
+    # Loading --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="recipe-load")
+    def load_choices(self) -> None:
+        from engine.config import list_builtin_configs
+        from engine.training.memory_estimate import detect_device_memory
+
+        self.device = detect_device_memory()
+        choices = [(c.name, str(c.path)) for c in list_builtin_configs()]
+        start: tuple[str, dict, str | None, str | None] | None = None
+        try:
+            if self.clone_of:
+                run = services.get_run(self.clone_of)
+                self.parent_peak_gb = services.run_peak_gb(self.clone_of)
+                start = (run["config_text"], {}, run["recipe"], f"{run['name']}-clone")
+                # Like `tunebench clone`: the clone keeps the parent's entry module and tags.
+                if run.get("module") and run["module"] != f"engine.recipes.{run['recipe']}":
+                    self.clone_module = run["module"]
+                self.clone_tags = [t for t in str(run.get("tags") or "").split(",") if t]
+            elif self.start_config or choices:
+                from engine.config import find_config
+
+                path = find_config(self.start_config) if self.start_config else Path(choices[0][1])
+                start = (path.read_text(encoding="utf-8"), {}, None, None)
+        except Exception as exc:
+            self.post_message(ActionDone("load", str(exc), ok=False))
+        self.app.call_from_thread(self._fill_choices, choices, start)
+
+    def _fill_choices(self, choices: list[tuple[str, str]], start) -> None:
+        select = self.query_one("#config-select", Select)
+        with self.prevent(Select.Changed):
+            select.set_options(choices)
+        if start is not None:
+            text, _, recipe, name = start
+            if name:
+                self.query_one("#run-name", Input).value = name
+            self.set_config_text(text, recipe=recipe)
+            if self.use_mix:
+                self.action_use_mix()
+        elif not choices:
+            self.query_one(MemoryPanel).show_message(
+                "no built-in configs under configs/: type a config file path on the left"
+            )
+            self.query_one("#recipe-info", Label).update("no config loaded")
+
+    @on(Input.Submitted, "#config-path")
+    def _config_path(self, event: Input.Submitted) -> None:
+        from engine.config import ConfigError, find_config
+
+        try:
+            path = find_config(event.value.strip())
+            text = path.read_text(encoding="utf-8")
+        except (ConfigError, OSError) as exc:
+            self._problems([str(exc)])
+            return
+        self.clone_of = None
+        self.clone_module = None
+        self.clone_tags = []
+        self.parent_peak_gb = None
+        self.set_config_text(text)
+
+    @on(Select.Changed, "#config-select")
+    def _config_chosen(self, event: Select.Changed) -> None:
+        if event.value is Select.BLANK:
+            return
+        self.clone_of = None
+        self.clone_module = None
+        self.clone_tags = []
+        self.parent_peak_gb = None
+        self.set_config_text(Path(str(event.value)).read_text(encoding="utf-8"))
+
+    def set_config_text(self, text: str, *, recipe: str | None = None) -> None:
+        """Start from a config's YAML text (its leading comment block is kept as the header)."""
+        from engine.config import ConfigError, parse_yaml, recipe_from_text
+
+        header = []
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line[1:].strip())
+        self.header_text = "\n".join(header)
+        self.recipe = recipe or recipe_from_text(text) or "sft"
+        try:
+            self.base = parse_yaml(text) or {}
+        except ConfigError as exc:
+            self._problems([str(exc)])
+            return
+        self.overrides.clear()
+        self._build_knobs()
+        self.recompute()
+
+    def _build_knobs(self) -> None:
+        box = self.query_one("#knobs", Vertical)
+        box.remove_children()
+        self.knob_keys.clear()
+        widgets = []
+        for i, knob in enumerate(KNOBS):
+            key = knob_key(knob, self.base)
+            if key is None:
+                continue
+            wid = f"knob-{i}"
+            self.knob_keys[wid] = key
+            value = get_path(self.base, key)
+            if knob.kind == "bool":
+                widgets.append(Checkbox(knob.label, bool(value), id=wid))
+            else:
+                row = Horizontal(
+                    Label(knob.label),
+                    Input("" if value is None else str(value), id=wid, type="text"),
+                    classes="knob",
+                )
+                widgets.append(row)
+        box.mount_all(widgets)
+
+    # Editing --------------------------------------------------------------------------------
+    def _kind(self, wid: str) -> str:
+        return KNOBS[int(wid.split("-")[1])].kind
+
+    @on(Input.Changed, "#knobs Input")
+    def _knob_input(self, event: Input.Changed) -> None:
+        wid = event.input.id or ""
+        if wid in self.knob_keys:
+            self.overrides[wid] = override_text(self.knob_keys[wid], self._kind(wid), event.value)
+            self.recompute()
+
+    @on(Checkbox.Changed, "#knobs Checkbox")
+    def _knob_check(self, event: Checkbox.Changed) -> None:
+        wid = event.checkbox.id or ""
+        if wid in self.knob_keys:
+            self.overrides[wid] = override_text(self.knob_keys[wid], "bool", event.value)
+            self.recompute()
+
+    @on(Input.Changed, "#nproc")
+    def _nproc(self) -> None:
+        self.recompute()
+
+    @property
+    def nproc(self) -> int:
+        try:
+            return max(1, int(self.query_one("#nproc", Input).value or 1))
+        except ValueError:
+            return 1
+
+    def recompute(self) -> None:
+        """Apply the form to the base config, refresh the YAML and the memory estimate."""
+        from engine.config import ConfigError, apply_overrides, dump_config
+
+        try:
+            self.cfg = apply_overrides(self.base, list(self.overrides.values()))
+        except ConfigError as exc:
+            self._problems([str(exc)])
+            return
+        self._problems([])
+        method = method_of(self.cfg)
+        parent = f"  (clone of {self.clone_of})" if self.clone_of else ""
+        self.query_one("#recipe-info", Label).update(f"recipe {self.recipe} · {method}{parent}")
+        self.yaml_text = dump_config(self.cfg, header=self.header_text or None)
+        self.query_one(YamlView).set_text(self.yaml_text)
+        self.estimate(self.cfg, self.nproc)
+
+    @work(thread=True, exclusive=True, group="recipe-estimate")
+    def estimate(self, cfg: dict, nproc: int) -> None:
+        from engine.training.memory_estimate import (
+            MemoryEstimateError,
+            ModelShape,
+            TrainingOptions,
+            estimate_memory,
+        )
+
+        panel = self.query_one(MemoryPanel)
+        try:
+            source = model_shape_source(cfg)
+            card = source if isinstance(source, dict) else services.model_card(source)
+            if card is None:
+                self.app.call_from_thread(
+                    panel.show_message, f"no model card for {source!r}: the estimate needs the model's shape"
+                )
+                return
+            est = estimate_memory(
+                ModelShape.from_card(card),
+                TrainingOptions(**training_options(cfg, nproc)),
+                overhead=self.device[0].startswith("cuda"),
+            )
+        except (MemoryEstimateError, ValueError, TypeError, OSError, ImportError) as exc:
+            self.app.call_from_thread(panel.show_message, f"no estimate: {exc}")
+            return
+        name, size = self.device
+        self.app.call_from_thread(panel.show_estimate, est, name, size, self.parent_peak_gb)
+
+    def _problems(self, lines: list[str]) -> None:
+        self.query_one("#problems", Static).update("\n".join(lines))
+
+    def action_use_mix(self) -> None:
+        node = getattr(self.app, "dataset_node", None)
+        if not node:
+            self.notify("compose a mix on the Data screen (f3) first", severity="warning")
+            return
+        self.base = dict(self.base, dataset=node)
+        self.recompute()
+        parts = len(node.get("datasets", [node]))
+        self.notify(f"dataset: {parts} source(s) from the Data screen")
+
+    # Validate / export / launch -------------------------------------------------------------
+    @property
+    def module(self) -> str | None:
+        """The entry module the run will use: the parent's for a clone, the app's override, or None
+        (`engine.recipes.<recipe>`)."""
+        return self.clone_module or getattr(self.app, "recipe_module", None)
+
+    @property
+    def validate_recipe(self) -> str | None:
+        """The recipe whose CONFIG_KEYS validation checks (none for a custom entry module, as the
+        launcher does)."""
+        return None if self.module else self.recipe
+
+    def action_validate(self) -> None:
+        self._validate(self.cfg, self.validate_recipe)
+
+    @work(thread=True, exclusive=True, group="recipe-validate")
+    def _validate(self, cfg: dict, recipe: str | None) -> None:
+        from engine.config import validate
+
+        try:
+            problems = [str(p) for p in validate(cfg, recipe=recipe)]
+        except Exception as exc:  # validate reports problems; anything else is shown, not raised
+            problems = [f"cannot validate: {exc}"]
+        self.post_message(ActionDone("validate", "\n".join(problems) or "valid", ok=not problems))
+
+    def action_export(self) -> None:
+        name = self.query_one("#run-name", Input).value or self.recipe or "config"
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self._export(path, self.yaml_text)
+
+        self.app.push_screen(TextPromptScreen("Export the YAML to:", f"{name}.yaml"), chosen)
+
+    @work(thread=True, group="recipe-export")
+    def _export(self, path: str, text: str) -> None:
+        out = Path(path).expanduser()
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, out)
+        except OSError as exc:
+            self.post_message(ActionDone("export", f"cannot write {out}: {exc.strerror}", ok=False))
+            return
+        self.post_message(ActionDone("export", f"exported to {out}", payload=str(out)))
+
+    def action_launch(self) -> None:
+        name = self.query_one("#run-name", Input).value.strip() or None
+        self._launch(self.cfg, self.recipe or "sft", name, self.nproc, self.clone_of)
+
+    @work(thread=True, exclusive=True, group="recipe-launch")
+    def _launch(self, cfg: dict, recipe: str, name: str | None, nproc: int, parent: str | None) -> None:
+        from engine.config import validate
+
+        try:
+            problems = [str(p) for p in validate(cfg, recipe=self.validate_recipe)]
+        except Exception as exc:
+            problems = [f"cannot validate: {exc}"]
+        if problems:
+            self.post_message(ActionDone("validate", "\n".join(problems), ok=False))
+            return
+        try:
+            run_id = services.launch_config(
+                recipe=recipe,
+                config_text=self.yaml_text,
+                nproc=nproc,
+                name=name,
+                parent_id=parent,
+                module=self.module,
+                tags=self.clone_tags if parent else (),
+            )
+        except Exception as exc:
+            self.post_message(ActionDone("launch", str(exc), ok=False))
+            return
+        self.post_message(ActionDone("launch", f"launched run {run_id}", run_id=run_id))
+
+    def on_action_done(self, message: ActionDone) -> None:
+        if message.action == "validate":
+            self._problems([] if message.ok else message.text.splitlines())
+            n = len(message.text.splitlines())
+            self.notify(
+                "config is valid" if message.ok else f"{n} problem(s)",
+                severity="information" if message.ok else "error",
+            )
+            return
+        self.notify(message.text, severity="information" if message.ok else "error")
+        if message.action == "launch" and message.ok and message.run_id:
+            self.app.pop_screen()
+            self.app.push_screen(self.app.make_screen("live", run_id=message.run_id))
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

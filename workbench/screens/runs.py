@@ -1,0 +1,240 @@
+"""Runs: every run in the tracker, updated live. Open, compare, resume, clone, stop, export, delete,
+tag and annotate runs from here.
+
+Space marks runs for compare or bulk actions; without marks an action applies to the run under
+the cursor. Quitting the workbench never stops a run.
+"""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label
+
+from workbench.messages import ActionDone, RunsLoaded
+from workbench.screens import services
+from workbench.screens.confirm import ConfirmScreen, TextPromptScreen, TypedConfirmScreen
+from workbench.widgets.runs_table import COLUMNS, RunsTable
+
+SORTABLE = [key for key, _ in COLUMNS if key != "mark"]
+
+
+class RunsScreen(Screen):
+    """Runs: every run in the tracker, updated live; the home screen."""
+
+    TITLE = "Runs"
+    BINDINGS = [
+        Binding("enter", "open", "open"),
+        Binding("space", "mark", "mark", show=False),
+        Binding("slash", "filter", "filter", key_display="/"),
+        Binding("s", "sort", "sort"),
+        Binding("c", "compare", "compare"),
+        Binding("n", "new", "new run"),
+        Binding("r", "resume", "resume", show=False),
+        Binding("k", "clone", "clone", show=False),
+        Binding("x", "stop", "stop", show=False),
+        Binding("e", "export", "export", show=False),
+        Binding("D", "delete", "delete", show=False),
+        Binding("t", "tag", "tag", show=False),
+        Binding("o", "note", "note", show=False),
+        Binding("q", "quit_app", "quit"),
+        Binding("escape", "clear_filter", "clear filter", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Input(placeholder="filter: words in name, status, recipe, model, tags", id="filter")
+        yield RunsTable(id="runs")
+        yield Label("", id="runs-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter").display = False
+        self.query_one(RunsTable).focus()
+        self.refresh_runs()
+        self.set_interval(self.app.interval * 2, self.refresh_runs)
+
+    def on_screen_resume(self) -> None:
+        self.refresh_runs()
+
+    # Data -----------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="runs-poll")
+    def refresh_runs(self) -> None:
+        try:
+            rows = services.list_runs()
+        except Exception as exc:  # the tracker is unreadable: say so once in the status line
+            self.app.call_from_thread(self._status, f"cannot read the tracker: {exc}")
+            return
+        self.post_message(RunsLoaded(rows))
+
+    def on_runs_loaded(self, message: RunsLoaded) -> None:
+        table = self.query_one(RunsTable)
+        table.set_rows(message.rows)
+        running = sum(1 for r in message.rows if r["status"] == "running")
+        shown = len(table.visible_ids)
+        self._status(
+            f"{shown}/{len(message.rows)} runs, {running} running, sort: {table.sort_column}"
+            + (" (desc)" if table.sort_reverse else "")
+            + (f", {len(table.marked)} marked" if table.marked else "")
+        )
+
+    def _status(self, text: str) -> None:
+        self.query_one("#runs-status", Label).update(text)
+
+    # Filter and sort ------------------------------------------------------------------------
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.query_one(RunsTable).set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.query_one(RunsTable).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.value or box.display:
+            box.value = ""
+            box.display = False
+            self.query_one(RunsTable).set_filter("")
+            self.query_one(RunsTable).focus()
+
+    def action_sort(self) -> None:
+        table = self.query_one(RunsTable)
+        i = SORTABLE.index(table.sort_column) if table.sort_column in SORTABLE else -1
+        table.sort_by(SORTABLE[(i + 1) % len(SORTABLE)])
+        self._status(f"sort: {table.sort_column}" + (" (desc)" if table.sort_reverse else ""))
+
+    def action_mark(self) -> None:
+        self.query_one(RunsTable).toggle_mark()
+
+    # Actions --------------------------------------------------------------------------------
+    def _selected(self, *, one: bool = False) -> list[str]:
+        ids = self.query_one(RunsTable).selected_ids()
+        if not ids:
+            self.notify("no run selected", severity="warning")
+        return ids[:1] if one else ids
+
+    def _name(self, run_id: str) -> str:
+        return str(self.query_one(RunsTable).rows_by_id.get(run_id, {}).get("name") or run_id)
+
+    def action_open(self) -> None:
+        for rid in self._selected(one=True):
+            self.app.push_screen(self.app.make_screen("live", run_id=rid))
+
+    def on_data_table_row_selected(self, event) -> None:
+        event.stop()
+        self.action_open()
+
+    def action_compare(self) -> None:
+        ids = self.query_one(RunsTable).selected_ids()
+        if len(ids) < 2:
+            self.notify("mark two or more runs with space, then press c", severity="warning")
+            return
+        self.app.push_screen(self.app.make_screen("compare", run_ids=ids))
+
+    def action_new(self) -> None:
+        self.app.push_screen(self.app.make_screen("recipe"))
+
+    def action_clone(self) -> None:
+        for rid in self._selected(one=True):
+            self.app.push_screen(self.app.make_screen("recipe", clone_of=rid))
+
+    def action_resume(self) -> None:
+        for rid in self._selected():
+            self._run_action("resume", rid)
+
+    def action_stop(self) -> None:
+        ids = self._selected()
+        if not ids:
+            return
+        names = ", ".join(self._name(r) for r in ids)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                for rid in ids:
+                    self._run_action("stop", rid)
+
+        self.app.push_screen(ConfirmScreen(f"Stop {names}? (a checkpoint is saved first)"), answered)
+
+    def action_export(self) -> None:
+        for rid in self._selected(one=True):
+            default = f"{self._name(rid)}.yaml"
+
+            def chosen(path: str | None, rid=rid) -> None:
+                if path:
+                    self._run_action("export", rid, path)
+
+            self.app.push_screen(TextPromptScreen("Export the run's config as YAML to:", default), chosen)
+
+    def action_delete(self) -> None:
+        for rid in self._selected(one=True):
+            name = self._name(rid)
+
+            def answered(yes: bool | None, rid=rid) -> None:
+                if yes:
+                    self._run_action("delete", rid)
+
+            self.app.push_screen(
+                TypedConfirmScreen(f"Delete run {name}, its metrics and its folder (checkpoints)?", name),
+                answered,
+            )
+
+    def action_tag(self) -> None:
+        for rid in self._selected(one=True):
+            current = str(self.query_one(RunsTable).rows_by_id[rid].get("tags") or "")
+
+            def chosen(text: str | None, rid=rid) -> None:
+                if text is not None:
+                    self._run_action("tag", rid, text)
+
+            self.app.push_screen(TextPromptScreen("Tags (comma separated):", current), chosen)
+
+    def action_note(self) -> None:
+        for rid in self._selected(one=True):
+            current = str(self.query_one(RunsTable).rows_by_id[rid].get("notes") or "")
+
+            def chosen(text: str | None, rid=rid) -> None:
+                if text is not None:
+                    self._run_action("note", rid, text)
+
+            self.app.push_screen(TextPromptScreen("Note:", current), chosen)
+
+    @work(thread=True, group="runs-action")
+    def _run_action(self, action: str, run_id: str, arg: str = "") -> None:
+        try:
+            if action == "resume":
+                services.resume_run(run_id)
+                text = "resumed"
+            elif action == "stop":
+                services.stop_run(run_id)
+                text = "stop requested"
+            elif action == "export":
+                text = f"exported to {services.export_run(run_id, arg)}"
+            elif action == "delete":
+                services.delete_run(run_id, remove_files=True)
+                text = "deleted"
+            elif action == "tag":
+                services.set_tags(run_id, arg)
+                text = "tags saved"
+            else:
+                services.set_notes(run_id, arg)
+                text = "note saved"
+        except Exception as exc:  # shown as a toast; the message names what to change
+            self.post_message(ActionDone(action, str(exc), ok=False, run_id=run_id))
+            return
+        self.post_message(ActionDone(action, text, run_id=run_id))
+
+    def on_action_done(self, message: ActionDone) -> None:
+        name = self._name(message.run_id) if message.run_id else ""
+        self.notify(f"{name}: {message.text}", severity="information" if message.ok else "error")
+        self.refresh_runs()
+
+    def action_quit_app(self) -> None:
+        self.app.exit()

@@ -1,0 +1,300 @@
+"""The workbench's calls into the tracker readers, the launcher and engine.config, in one place.
+
+Every function here blocks (SQLite, files, subprocesses) and is meant to run in a worker thread:
+each call opens its own short-lived database connection. Return values are plain dicts/lists so
+screens never hold a database handle.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import UserError
+
+
+def _db():
+    from engine.tracking.db import open_db
+
+    return open_db()
+
+
+def run_row(summary: Any) -> dict[str, Any]:
+    """A `RunSummary` as the row the runs table shows (keys of `workbench.widgets.runs_table.COLUMNS`)."""
+    run = summary.run
+    started = run.started_at or run.created_at
+    end = run.ended_at or (time.time() if run.status == "running" else None)
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "recipe": run.recipe,
+        "model": run.model,
+        "last_loss": summary.last_loss,
+        "tokens_per_sec": summary.tokens_per_sec_median,
+        "mem_peak_gb": summary.mem_peak_gb,
+        "started": started,
+        "duration": (end - run.started_at) if (end and run.started_at) else None,
+        "parent": run.parent_id,
+        "step": run.step,
+        "total_steps": run.total_steps,
+        "tags": run.tags,
+        "notes": run.notes,
+        "eta_s": summary.eta_s,
+    }
+
+
+def list_runs() -> list[dict[str, Any]]:
+    """All runs, newest first, as table rows."""
+    from engine.tracking import readers
+
+    with _db() as db:
+        return [run_row(s) for s in readers.list_summaries(db=db)]
+
+
+def get_run(run_id: str) -> dict[str, Any]:
+    """One run's record as a dict (config text included)."""
+    from engine.tracking import readers
+
+    with _db() as db:
+        return readers.get_run(run_id, db=db).to_dict()
+
+
+def poll_run(run_id: str, *, after_metric: int, after_event: int) -> tuple[dict, list, list]:
+    """The run record, metric rows with id > `after_metric`, event rows with id > `after_event`."""
+    from engine.tracking import readers
+
+    with _db() as db:
+        run = readers.get_run(run_id, db=db).to_dict()
+        metrics = readers.metrics_since(run_id, after_id=after_metric, db=db)
+        events = readers.events_since(run_id, after_id=after_event, db=db)
+    return run, metrics, events
+
+
+def launch_config(
+    *,
+    recipe: str,
+    config_text: str,
+    nproc: int = 1,
+    name: str | None = None,
+    parent_id: str | None = None,
+    module: str | None = None,
+    tags: list[str] | tuple[str, ...] = (),
+) -> str:
+    """Register a run from YAML text (validated by the launcher) and start it; returns its id.
+
+    With `parent_id` the run is a clone of that run (as `tunebench clone` records it).
+    """
+    from workbench import launcher
+
+    run = launcher.create_run(
+        recipe,
+        config_text=config_text,
+        nproc=nproc,
+        name=name,
+        parent_id=parent_id,
+        kind="clone" if parent_id else "new",
+        module=module,
+        tags=tags,
+    )
+    launcher.launch(run.id)
+    return run.id
+
+
+def stop_run(run_id: str) -> None:
+    from workbench import launcher
+
+    launcher.stop(run_id)
+
+
+def resume_run(run_id: str) -> None:
+    from workbench import launcher
+
+    launcher.resume(run_id)
+
+
+def export_run(run_id: str, path: str) -> Path:
+    """Write the run's config as YAML at `path`; returns the path written."""
+    from workbench import launcher
+
+    out = Path(path).expanduser()
+    launcher.export(run_id, out)
+    return out
+
+
+def delete_run(run_id: str, *, remove_files: bool) -> None:
+    """Delete the run's tracker rows, and its folder when `remove_files`. Refuses a live run."""
+    from engine.tracking.paths import run_dir
+    from engine.tracking.runs import delete_run as _delete
+
+    run = get_run(run_id)
+    if run["status"] in ("running", "queued"):
+        raise UserError(f"run {run['name']} is {run['status']}: stop it before deleting it")
+    with _db() as db:
+        _delete(run_id, db=db)
+    if remove_files:
+        shutil.rmtree(run.get("output_dir") or run_dir(run_id), ignore_errors=True)
+
+
+def set_tags(run_id: str, tags: str) -> None:
+    from engine.tracking.runs import update_run
+
+    clean = ",".join(t.strip() for t in tags.replace(" ", ",").split(",") if t.strip())
+    with _db() as db:
+        update_run(run_id, db=db, tags=clean)
+
+
+def set_notes(run_id: str, notes: str) -> None:
+    from engine.tracking.runs import update_run
+
+    with _db() as db:
+        update_run(run_id, db=db, notes=notes)
+
+
+def read_log(run_id: str, output_dir: str | None, offset: int) -> tuple[str, int]:
+    """New text of `runs/<id>/stdout.log` since `offset`."""
+    from engine.tracking.paths import run_dir
+    from workbench.widgets.log_tail import read_new_text
+
+    return read_new_text(Path(output_dir or run_dir(run_id)) / "stdout.log", offset)
+
+
+def run_peak_gb(run_id: str) -> float | None:
+    """The measured peak memory of a run (max `mem_peak_gb` over steps and ranks), or None."""
+    from engine.tracking import readers
+
+    with _db() as db:
+        return readers.summarize(readers.get_run(run_id, db=db), db=db).mem_peak_gb
+
+
+def model_cards() -> list[Any]:
+    """The model cards of `engine.models` (imports the models package: call from a worker)."""
+    from engine.models import model_cards as cards
+
+    out = cards()
+    return list(out.values()) if isinstance(out, dict) else list(out)
+
+
+def _card_names(card: Any) -> set[str]:
+    names = set()
+    for attr in ("name", "preset", "builder", "id", "hub_id"):
+        value = card.get(attr) if isinstance(card, dict) else getattr(card, attr, None)
+        if value:
+            names.add(str(value).rsplit(".", 1)[-1].lower())
+    return names
+
+
+def model_card(builder_name: str) -> Any | None:
+    """The card of a model builder (`lora_`/`qlora_` prefixes ignored), or None when unknown."""
+    name = builder_name.lower()
+    for prefix in ("qlora_", "lora_"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    for card in model_cards():
+        if name in _card_names(card):
+            return card
+    return None
+
+
+def local_checkpoints() -> list[dict[str, Any]]:
+    """Model folders on disk: `TUNEBENCH_HOME/models/*` and the Hugging Face cache snapshots, each a
+    folder with a `config.json`. Returns `{"name", "where", "path", "size_gb"}` rows."""
+    import os
+
+    from engine.tracking.paths import tunebench_home
+
+    places: list[tuple[str, Path]] = [("tunebench", tunebench_home() / "models")]
+    hf = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+    )
+    places.append(("hf cache", Path(hf)))
+    rows = []
+    for where, root in places:
+        if not root.is_dir():
+            continue
+        for config in sorted(root.glob("*/config.json")) + sorted(
+            root.glob("models--*/snapshots/*/config.json")
+        ):
+            folder = config.parent
+            name = folder.name
+            if folder.parent.name == "snapshots":
+                name = folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            rows.append({"name": name, "where": where, "path": str(folder), "size_gb": size / 1024**3})
+    return rows
+
+
+def download_model(repo_id: str, progress) -> Path:
+    """Download a Hub model into `TUNEBENCH_HOME/models/<name>`; `progress(done_bytes, total_bytes)` is
+    called from the download threads. Raises `UserError` with one line when the Hub is unreachable."""
+    from engine.tracking.paths import tunebench_home
+
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from tqdm.auto import tqdm
+    except ImportError as exc:
+        raise UserError(f"downloads need huggingface_hub ({exc}): pip install huggingface_hub") from exc
+
+    class _Progress(tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            if getattr(self, "unit", "") == "B":
+                progress(self.n, self.total or 0)
+            return out
+
+    target = tunebench_home() / "models" / repo_id.replace("/", "--")
+    try:
+        path = snapshot_download(repo_id, local_dir=target, tqdm_class=_Progress)
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise UserError(
+            f"cannot download {repo_id} from the Hugging Face Hub ({type(exc).__name__}): check the id and "
+            "the network, or copy the model folder into TUNEBENCH_HOME/models/"
+        ) from exc
+    return Path(path)
+
+
+_PREVIEW_CACHE: dict[tuple[str, str], tuple[Any, Any, dict]] = {}
+
+
+def preview_source(node: dict[str, Any], tokenizer_path: str, index: int) -> dict[str, Any]:
+    """Build one source (cached per node and tokenizer) and render sample `index` of it.
+
+    `tokenizer_path` is a model folder or tokenizer file; empty means the demo model's tokenizer.
+    Returns `{"segments": [(text, masked)], "num_tokens", "num_trained", "index", "length", "stats"}`.
+    Raises the engine's `ConfigError`/`DataError` (one line) on a bad source.
+    """
+    import json
+
+    from engine.data import build_dataset
+    from engine.data.preview import length_stats, preview_sample
+    from engine.data.tokenizers.loader import load_tokenizer
+
+    key = (json.dumps(node, sort_keys=True, default=str), tokenizer_path)
+    if key not in _PREVIEW_CACHE:
+        if tokenizer_path:
+            tok = load_tokenizer(tokenizer_path)
+        else:
+            from engine.models.demo import demo_model_dir
+
+            tok = load_tokenizer(demo_model_dir())
+        ds = build_dataset(node, tok)
+        if len(ds) == 0:
+            raise UserError(f"{node.get('source') or node.get('_component_')}: the source has no samples")
+        _PREVIEW_CACHE[key] = (ds, tok, length_stats(ds))
+        while len(_PREVIEW_CACHE) > 8:
+            _PREVIEW_CACHE.pop(next(iter(_PREVIEW_CACHE)))
+    ds, tok, stats = _PREVIEW_CACHE[key]
+    index = index % len(ds)
+    sample = preview_sample(ds, index, tok)
+    return {
+        "segments": sample.segments,
+        "num_tokens": sample.num_tokens,
+        "num_trained": sample.num_trained,
+        "index": index,
+        "length": len(ds),
+        "stats": stats,
+    }
