@@ -1,0 +1,241 @@
+"""Dataset builders: `tokenizer` first, then keyword settings, so a recipe calls
+``instantiate(cfg.dataset, tokenizer=tok)`` (or `build_dataset`).
+
+Common arguments:
+  source: local file/folder (json, jsonl, csv, parquet, txt, optionally .gz), a Hub dataset name, or a
+    list of row dicts.
+  split: split to read ("train"; slices like "train[:1000]" work). subset: Hub config name.
+  column_map: ``{expected_column: your_column}``, e.g. ``{output: summary}``.
+  max_seq_len: truncate each sample to this many tokens; the final token (EOS / end of turn) is kept.
+  filter_fn: callable ``row -> bool`` applied after column_map; False drops the row (disables the cache).
+  skip_bad_rows: drop unusable rows and report their count, instead of stopping at the first.
+  packed: return a `PackedDataset` of `max_seq_len`-long packs instead (needs max_seq_len).
+  name: the source's name in logs (``loss/<name>``); default from the source.
+  cache: reuse/store the tokenized result under ``$TUNEBENCH_HOME/cache/data``.
+All raise `DataError` (a `ConfigError`) with one line naming the source, row and field at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from engine.data.chat_formats import TokenizerChatTemplate, resolve_chat_format
+from engine.data.dataset import PreferenceDataset, TokenizedDataset, build_tokenized
+from engine.data.errors import DataError
+from engine.data.messages import (
+    ChosenRejectedToMessages,
+    InputOutputToMessages,
+    OpenAIToMessages,
+    ShareGPTToMessages,
+    TextToMessages,
+)
+from engine.data.templates import resolve_template
+
+
+def _maybe_pack(ds, packed: bool, max_seq_len: int | None, split_across_pack: bool = False):
+    if not packed:
+        return ds
+    if max_seq_len is None:
+        raise DataError("packed: needs max_seq_len (the length of each pack); set dataset.max_seq_len")
+    from engine.data.packing import PackedDataset
+
+    return PackedDataset(ds, max_seq_len=max_seq_len, split_across_pack=split_across_pack)
+
+
+def instruct_dataset(
+    tokenizer,
+    *,
+    source: Any,
+    template: Any = None,
+    column_map: Mapping[str, str] | None = None,
+    train_on_input: bool = False,
+    split: str = "train",
+    subset: str | None = None,
+    chat_format: Any = None,
+    system_prompt: str | None = None,
+    max_seq_len: int | None = None,
+    filter_fn: Callable | None = None,
+    skip_bad_rows: bool = False,
+    packed: bool = False,
+    split_across_pack: bool = False,
+    name: str | None = None,
+    cache: bool = True,
+) -> TokenizedDataset:
+    """Prompt/response rows: the prompt is `template` applied to the row (default: the ``input``
+    column as is), the response is the ``output`` column.
+
+    Args (beyond the common ones): template: a template instance, a dotted name
+    (``engine.data.AlpacaInstructTemplate``) or a ``"...{column}..."`` string; train_on_input: train on
+    the prompt tokens too (default False); chat_format: None lays out BOS + prompt + response + EOS,
+    or a chat format wraps prompt and response as user/assistant turns; system_prompt: a system turn.
+    """
+    tmpl = resolve_template(template)
+    transform = InputOutputToMessages(tmpl, train_on_input=train_on_input, system_prompt=system_prompt)
+    ds = build_tokenized(
+        tokenizer,
+        kind="sft",
+        source=source,
+        split=split,
+        subset=subset,
+        column_map=column_map,
+        transform=transform,
+        chat_format=resolve_chat_format(chat_format),
+        max_seq_len=max_seq_len,
+        filter_fn=filter_fn,
+        skip_bad_rows=skip_bad_rows,
+        name=name,
+        cache=cache,
+        template=tmpl,
+    )
+    return _maybe_pack(ds, packed, max_seq_len, split_across_pack)
+
+
+def chat_dataset(
+    tokenizer,
+    *,
+    source: Any,
+    conversation_style: str = "auto",
+    column_map: Mapping[str, str] | None = None,
+    train_on_input: bool = False,
+    split: str = "train",
+    subset: str | None = None,
+    chat_format: Any = None,
+    system_prompt: str | None = None,
+    max_seq_len: int | None = None,
+    filter_fn: Callable | None = None,
+    skip_bad_rows: bool = False,
+    packed: bool = False,
+    split_across_pack: bool = False,
+    name: str | None = None,
+    cache: bool = True,
+) -> TokenizedDataset:
+    """Multi-turn conversations.
+
+    Args (beyond the common ones): conversation_style: "sharegpt" (``conversations: [{from, value}]``),
+    "openai" (``messages: [{role, content}]``) or "auto" (by column); chat_format: default None uses the
+    tokenizer's own chat template; train_on_input: train on user/system turns too.
+    """
+    styles = ("auto", "sharegpt", "openai")
+    if conversation_style not in styles:
+        raise DataError(f"conversation_style: {conversation_style!r} is not one of {', '.join(styles)}")
+    sharegpt = ShareGPTToMessages(train_on_input, system_prompt)
+    openai = OpenAIToMessages(train_on_input)
+
+    class _Auto:
+        def __call__(self, row):
+            if conversation_style == "sharegpt" or (conversation_style == "auto" and "conversations" in row):
+                return sharegpt(row)
+            msgs = openai(row)
+            if system_prompt and msgs[0].role != "system":
+                from engine.data.messages import Message
+
+                msgs.insert(0, Message("system", system_prompt, not train_on_input))
+            return msgs
+
+        def __repr__(self):
+            return f"chat({conversation_style!r}, {sharegpt!r}, {openai!r})"
+
+    fmt = TokenizerChatTemplate() if chat_format is None else resolve_chat_format(chat_format)
+    ds = build_tokenized(
+        tokenizer,
+        kind="sft",
+        source=source,
+        split=split,
+        subset=subset,
+        column_map=column_map,
+        transform=_Auto(),
+        chat_format=fmt,
+        max_seq_len=max_seq_len,
+        filter_fn=filter_fn,
+        skip_bad_rows=skip_bad_rows,
+        name=name,
+        cache=cache,
+    )
+    return _maybe_pack(ds, packed, max_seq_len, split_across_pack)
+
+
+def preference_dataset(
+    tokenizer,
+    *,
+    source: Any,
+    template: Any = None,
+    column_map: Mapping[str, str] | None = None,
+    train_on_input: bool = False,
+    split: str = "train",
+    subset: str | None = None,
+    chat_format: Any = None,
+    max_seq_len: int | None = None,
+    filter_fn: Callable | None = None,
+    skip_bad_rows: bool = False,
+    name: str | None = None,
+    cache: bool = True,
+) -> PreferenceDataset:
+    """Chosen/rejected pairs (see `ChosenRejectedToMessages` for the three row shapes read).
+
+    Args (beyond the common ones): template: builds the prompt from the row (e.g.
+    `StackExchangedPairedTemplate` with ``column_map: {chosen: response_j, rejected: response_k}``);
+    chat_format: None = plain BOS + prompt + response + EOS.
+    """
+    tmpl = resolve_template(template)
+    return build_tokenized(
+        tokenizer,
+        kind="preference",
+        source=source,
+        split=split,
+        subset=subset,
+        column_map=column_map,
+        transform=ChosenRejectedToMessages(tmpl, train_on_input),
+        chat_format=resolve_chat_format(chat_format),
+        max_seq_len=max_seq_len,
+        filter_fn=filter_fn,
+        skip_bad_rows=skip_bad_rows,
+        name=name,
+        cache=cache,
+        template=tmpl,
+    )
+
+
+def text_completion_dataset(
+    tokenizer,
+    *,
+    source: Any,
+    column: str = "text",
+    split: str = "train",
+    subset: str | None = None,
+    max_seq_len: int | None = None,
+    filter_fn: Callable | None = None,
+    skip_bad_rows: bool = False,
+    packed: bool = False,
+    split_across_pack: bool = False,
+    name: str | None = None,
+    cache: bool = True,
+) -> TokenizedDataset:
+    """Plain text, every token trained: BOS (where the tokenizer uses one) + text + EOS. Blank rows are
+    dropped (counted in `filtered`). `.txt` files give one row per line; pack them with ``packed: true``.
+
+    Args (beyond the common ones): column: the text column (default ``text``).
+    """
+    transform = TextToMessages(column)
+
+    def blank(row):
+        v = row.get(column)
+        return isinstance(v, str) and not v.strip()
+
+    ds = build_tokenized(
+        tokenizer,
+        kind="sft",
+        source=source,
+        split=split,
+        subset=subset,
+        column_map=None,
+        transform=transform,
+        chat_format=resolve_chat_format(None),
+        max_seq_len=max_seq_len,
+        filter_fn=filter_fn,
+        skip_bad_rows=skip_bad_rows,
+        name=name,
+        cache=cache,
+        skip_blank=blank,
+    )
+    return _maybe_pack(ds, packed, max_seq_len, split_across_pack)

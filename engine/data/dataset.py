@@ -1,0 +1,328 @@
+"""Tokenized datasets: rows -> messages -> ids + loss mask, stored flat in numpy, served as samples.
+
+A sample is ``{"tokens": list[int], "labels": list[int], "source_id": int}`` with labels already
+shifted (``labels[i]`` is the target at position i: ``tokens[i+1]`` or -100). A preference sample
+holds ``chosen_tokens``, ``chosen_labels``, ``rejected_tokens``, ``rejected_labels`` and ``source_id``.
+
+Every dataset has `source_names` (list of names; a sample's `source_id` indexes it), `pad_id`, and
+for the single-source datasets here `skipped` (rows dropped by `skip_bad_rows`) and `filtered`
+(rows dropped by `filter_fn` or, for plain text, blank rows).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from engine.data import cache as data_cache
+from engine.data.errors import DataError, where
+from engine.data.messages import RowError, apply_column_map
+from engine.data.sources import load_rows, source_fingerprint
+from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages
+
+log = logging.getLogger("engine.data")
+
+
+@dataclass
+class _Flat:
+    """Ragged int sequences with masks, stored as one flat array each plus offsets."""
+
+    tokens: np.ndarray  # [N_total] int32
+    mask: np.ndarray  # [N_total] bool, True = excluded from the loss
+    offsets: np.ndarray  # [num_samples + 1] int64
+
+    @classmethod
+    def build(cls, seqs: list[tuple[list[int], list[bool]]]) -> _Flat:
+        lengths = np.array([len(ids) for ids, _ in seqs], dtype=np.int64)
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.fromiter((t for ids, _ in seqs for t in ids), dtype=np.int32, count=int(offsets[-1]))
+        mask = np.fromiter((m for _, ms in seqs for m in ms), dtype=bool, count=int(offsets[-1]))
+        return cls(tokens, mask, offsets)
+
+    def get(self, i: int) -> tuple[list[int], list[bool]]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[a:b].tolist(), self.mask[a:b].tolist()
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass
+class _Report:
+    rows: int = 0
+    skipped: int = 0
+    filtered: int = 0
+    first_problem: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _check_template_fields(template, row: Mapping[str, Any], source: str) -> None:
+    if template is None or not hasattr(template, "fields"):
+        return
+    optional = getattr(template, "optional", ())
+    for f in template.fields:
+        if f not in row and f not in optional:
+            cols = ", ".join(map(str, row)) or "none"
+            raise DataError(
+                f"source {source!r}: template {type(template).__name__} reads field {{{f}}}, which is not a "
+                f"column (columns: {cols}); add column_map: {{{f}: <your column>}} or change the template"
+            )
+
+
+def run_rows(
+    rows: list[dict[str, Any]],
+    *,
+    source_label: str,
+    column_map: Mapping[str, str] | None,
+    convert: Callable[[dict[str, Any]], Any],
+    filter_fn: Callable[[dict[str, Any]], bool] | None,
+    skip_bad_rows: bool,
+    template=None,
+    skip_blank: Callable[[dict[str, Any]], bool] | None = None,
+) -> tuple[list[Any], _Report]:
+    """Apply `column_map`, `filter_fn` and `convert` to every row; collect results and a report.
+
+    Raises `DataError` naming source, row and field for the first bad row (unless `skip_bad_rows`),
+    for an empty source, and when no row is usable.
+    """
+    report = _Report(rows=len(rows))
+    if not rows:
+        raise DataError(f"source {source_label!r}: has no rows; check the file, split or filter")
+    try:
+        first = apply_column_map(rows[0], column_map)
+    except RowError as exc:
+        raise DataError(f"{where(source_label, 0, exc.field)}: {exc.problem}") from None
+    _check_template_fields(template, first, source_label)
+    out = []
+    for idx, row in enumerate(rows):
+        try:
+            mapped = apply_column_map(row, column_map)
+            if skip_blank is not None and skip_blank(mapped):
+                report.filtered += 1
+                continue
+            if filter_fn is not None and not filter_fn(mapped):
+                report.filtered += 1
+                continue
+            out.append(convert(mapped))
+        except RowError as exc:
+            msg = f"{where(source_label, idx, exc.field)}: {exc.problem}"
+            if not skip_bad_rows:
+                raise DataError(msg + " (or set skip_bad_rows: true to drop such rows)") from None
+            report.skipped += 1
+            report.first_problem = report.first_problem or msg
+    if report.skipped:
+        log.warning(
+            "engine.data: %s: skipped %d of %d rows (first: %s)",
+            source_label,
+            report.skipped,
+            report.rows,
+            report.first_problem,
+        )
+    if not out:
+        why = f"; first problem: {report.first_problem}" if report.first_problem else ""
+        raise DataError(
+            f"source {source_label!r}: no usable rows out of {report.rows} ({report.skipped} bad, "
+            f"{report.filtered} filtered){why}"
+        )
+    return out, report
+
+
+def default_name(source: Any) -> str:
+    """A short source name for logs (``loss/<name>``): a file's stem, a Hub name's last part."""
+    if isinstance(source, (list, tuple)):
+        return "rows"
+    s = str(source).rstrip("/")
+    base = s.rsplit("/", 1)[-1]
+    for suffix in (".gz", ".json", ".jsonl", ".csv", ".parquet", ".txt"):
+        base = base.removesuffix(suffix).removesuffix(suffix)
+    return base or s
+
+
+class TokenizedDataset(Dataset):
+    """Samples of one source, tokenized (see the module docstring for the sample layout).
+
+    Build it with a builder (`instruct_dataset`, `chat_dataset`, `text_completion_dataset`, ...).
+    `mask(i)` gives sample i's loss mask over its tokens; `lengths` the token counts.
+    """
+
+    def __init__(self, flat: _Flat, *, name: str, pad_id: int, report: _Report, source_id: int = 0):
+        self._flat = flat
+        self.source_names = [name]
+        self.source_id = source_id
+        self.pad_id = pad_id
+        self.rows = report.rows
+        self.skipped = report.skipped
+        self.filtered = report.filtered
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        ids, mask = self._flat.get(i)
+        return {"tokens": ids, "labels": shifted_labels(ids, mask), "source_id": self.source_id}
+
+    def mask(self, i: int) -> list[bool]:
+        return self._flat.get(i)[1]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._flat.lengths()
+
+
+class PreferenceDataset(Dataset):
+    """Chosen/rejected pairs of one source, tokenized. Built by `preference_dataset`."""
+
+    def __init__(self, chosen: _Flat, rejected: _Flat, *, name: str, pad_id: int, report: _Report):
+        self._chosen, self._rejected = chosen, rejected
+        self.source_names = [name]
+        self.source_id = 0
+        self.pad_id = pad_id
+        self.rows = report.rows
+        self.skipped = report.skipped
+        self.filtered = report.filtered
+
+    def __len__(self) -> int:
+        return len(self._chosen)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        c_ids, c_mask = self._chosen.get(i)
+        r_ids, r_mask = self._rejected.get(i)
+        return {
+            "chosen_tokens": c_ids,
+            "chosen_labels": shifted_labels(c_ids, c_mask),
+            "rejected_tokens": r_ids,
+            "rejected_labels": shifted_labels(r_ids, r_mask),
+            "source_id": self.source_id,
+        }
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.maximum(self._chosen.lengths(), self._rejected.lengths())
+
+
+def _trained(ids_mask: tuple[list[int], list[bool]], what: str) -> tuple[list[int], list[bool]]:
+    ids, mask = ids_mask
+    if len(ids) < 2 or all(mask[1:]):
+        raise RowError(what, "leaves no token to train on (raise max_seq_len or check train_on_input)")
+    return ids, mask
+
+
+def build_tokenized(
+    tokenizer,
+    *,
+    kind: str,
+    source: Any,
+    split: str,
+    subset: str | None,
+    column_map: Mapping[str, str] | None,
+    transform: Callable[[dict[str, Any]], Any],
+    chat_format,
+    max_seq_len: int | None,
+    filter_fn: Callable | None,
+    skip_bad_rows: bool,
+    name: str | None,
+    cache: bool,
+    template=None,
+    skip_blank: Callable | None = None,
+) -> TokenizedDataset | PreferenceDataset:
+    """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
+        raise DataError(f"max_seq_len: must be an integer >= 2, got {max_seq_len!r}")
+    label = default_name(source) if isinstance(source, (list, tuple)) else str(source)
+    name = name or default_name(source)
+    pad_id = int(getattr(tokenizer, "pad_id", 0) or 0)
+    key = None
+    if cache and filter_fn is None:
+        key = data_cache.cache_key(
+            kind=kind,
+            source=source_fingerprint(source, split, subset),
+            column_map=dict(column_map or {}),
+            transform=repr(transform),
+            chat_format=repr(chat_format),
+            max_seq_len=max_seq_len,
+            skip_bad_rows=skip_bad_rows,
+            tokenizer=data_cache.tokenizer_fingerprint(tokenizer),
+        )
+        hit = data_cache.load(key)
+        if hit is not None:
+            arrays, meta = hit
+            report = _Report(rows=meta["rows"], skipped=meta["skipped"], filtered=meta["filtered"])
+            if kind == "preference":
+                c = _Flat(arrays["c_tokens"], arrays["c_mask"], arrays["c_offsets"])
+                r = _Flat(arrays["r_tokens"], arrays["r_mask"], arrays["r_offsets"])
+                return PreferenceDataset(c, r, name=name, pad_id=pad_id, report=report)
+            return TokenizedDataset(
+                _Flat(arrays["tokens"], arrays["mask"], arrays["offsets"]),
+                name=name,
+                pad_id=pad_id,
+                report=report,
+            )
+
+    rows = load_rows(source, split, subset)
+
+    if kind == "preference":
+
+        def convert(row):
+            chosen, rejected = transform(row)
+            return (
+                _trained(tokenize_messages(tokenizer, chosen, chat_format, max_seq_len), "chosen"),
+                _trained(tokenize_messages(tokenizer, rejected, chat_format, max_seq_len), "rejected"),
+            )
+
+    else:
+
+        def convert(row):
+            return _trained(tokenize_messages(tokenizer, transform(row), chat_format, max_seq_len), "output")
+
+    out, report = run_rows(
+        rows,
+        source_label=label,
+        column_map=column_map,
+        convert=convert,
+        filter_fn=filter_fn,
+        skip_bad_rows=skip_bad_rows,
+        template=template,
+        skip_blank=skip_blank,
+    )
+    meta = {"rows": report.rows, "skipped": report.skipped, "filtered": report.filtered}
+    if kind == "preference":
+        c = _Flat.build([p[0] for p in out])
+        r = _Flat.build([p[1] for p in out])
+        if key is not None:
+            data_cache.save(
+                key,
+                {
+                    "c_tokens": c.tokens,
+                    "c_mask": c.mask,
+                    "c_offsets": c.offsets,
+                    "r_tokens": r.tokens,
+                    "r_mask": r.mask,
+                    "r_offsets": r.offsets,
+                },
+                meta,
+            )
+        return PreferenceDataset(c, r, name=name, pad_id=pad_id, report=report)
+    flat = _Flat.build(out)
+    if key is not None:
+        data_cache.save(key, {"tokens": flat.tokens, "mask": flat.mask, "offsets": flat.offsets}, meta)
+    return TokenizedDataset(flat, name=name, pad_id=pad_id, report=report)
+
+
+__all__ = ["IGNORE_INDEX", "PreferenceDataset", "TokenizedDataset", "build_tokenized"]

@@ -1,0 +1,104 @@
+"""Reading rows from a source: a local file or folder, a Hugging Face Hub dataset name, or rows in memory.
+
+Local files are read with `datasets` by extension: ``.json``/``.jsonl`` (also ``.gz``) -> "json",
+``.csv`` -> "csv", ``.parquet`` -> "parquet", ``.txt`` -> "text" (one row per line, column ``text``).
+A folder is read as all files of its most common supported extension. Anything else is a Hub name.
+Every failure is a `DataError` naming the source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from engine.data.errors import DataError
+
+_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+def local_kind(path: Path) -> str | None:
+    """The `datasets` builder for a local file (``.gz`` looked through), or None if unsupported."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst"):
+        suffixes = suffixes[:-1]
+    return _KINDS.get(suffixes[-1]) if suffixes else None
+
+
+def _folder_files(folder: Path) -> tuple[str, list[str]]:
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and local_kind(p)]
+    if not files:
+        raise DataError(
+            f"source {str(folder)!r}: folder holds no .json, .jsonl, .csv, .parquet or .txt files; "
+            "point source at a data file"
+        )
+    kind, _ = Counter(local_kind(p) for p in files).most_common(1)[0]
+    return kind, [str(p) for p in files if local_kind(p) == kind]
+
+
+def source_fingerprint(source: Any, split: str, subset: str | None) -> str:
+    """What identifies a source's content for the cache: path + size + mtime of every file for local
+    data, the name/split/subset for the Hub (its own cache handles revisions)."""
+    if isinstance(source, (list, tuple)):
+        import hashlib
+        import json
+
+        return "rows:" + hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()
+    path = Path(str(source)).expanduser()
+    if path.exists():
+        files = [path] if path.is_file() else [Path(f) for f in _folder_files(path)[1]]
+        stats = [f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files]
+        return f"local:{split}:" + "|".join(stats)
+    return f"hub:{source}:{subset}:{split}"
+
+
+def load_rows(source: Any, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
+    """Rows of `source` as a list of dicts.
+
+    Args:
+      source: a local file/folder path, a Hub dataset name (``"yahma/alpaca-cleaned"``) or a list of dicts.
+      split: the split (``"train"``; slices like ``"train[:100]"`` work). Local files have only "train".
+      subset: the Hub config name (e.g. ``"main"`` for GSM8K).
+    Raises `DataError` when the file is missing or unreadable, or the Hub dataset cannot be fetched.
+    """
+    if isinstance(source, (list, tuple)):
+        return [dict(r) for r in source]
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise DataError(f"source: expected a file, folder or Hub dataset name, got {source!r}")
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(str(source)).expanduser()
+    try:
+        if path.is_file():
+            kind = local_kind(path)
+            if kind is None:
+                raise DataError(
+                    f"source {str(source)!r}: unsupported file type; use .json, .jsonl, .csv, .parquet or .txt (optionally .gz)"
+                )
+            if not os.access(path, os.R_OK):
+                raise DataError(f"source {str(source)!r}: file is not readable; fix its permissions")
+            ds = datasets.load_dataset(kind, data_files=str(path), split=split)
+        elif path.is_dir():
+            kind, files = _folder_files(path)
+            ds = datasets.load_dataset(kind, data_files=files, split=split)
+        elif (
+            any(sep in str(source) for sep in ("./", "/.", "\\"))
+            or str(source).startswith(("/", "~"))
+            or local_kind(path)
+        ):
+            raise DataError(f"source {str(source)!r}: no such file or folder; check the path")
+        else:
+            ds = datasets.load_dataset(str(source), subset, split=split)
+    except DataError:
+        raise
+    except (
+        Exception
+    ) as exc:  # datasets raises many types (ArrowInvalid, DatasetNotFoundError, ConnectionError...)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise DataError(
+            f"source {str(source)!r}: cannot be read as a dataset ({type(exc).__name__}: {first}); "
+            "check the file's format, or that the Hub name and split exist and the Hub is reachable"
+        ) from None
+    return ds.to_list()

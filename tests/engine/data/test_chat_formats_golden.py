@@ -1,0 +1,170 @@
+"""Golden token/label sequences for each chat format, written from each format's published layout and
+encoded by the reference encoders (the `tokenizers` library, SentencePiece, transformers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.data import (
+    ChatMLFormat,
+    Llama2ChatFormat,
+    Llama3ChatFormat,
+    Message,
+    MistralChatFormat,
+    TokenizerChatTemplate,
+    shifted_labels,
+    tokenize_messages,
+)
+
+CONV = [
+    Message("system", "Be brief.", masked=True),
+    Message("user", "What is 2+2?", masked=True),
+    Message("assistant", "It is 4.", masked=False),
+    Message("user", "And 3+3?", masked=True),
+    Message("assistant", "Six.", masked=False),
+]
+
+
+def _golden(encode, pieces):
+    """Expected (ids, mask) from (text or id list, masked) pieces."""
+    ids, mask = [], []
+    for piece, masked in pieces:
+        p = piece if isinstance(piece, list) else encode(piece)
+        ids += p
+        mask += [masked] * len(p)
+    return ids, mask
+
+
+def _check(got, want):
+    ids, mask = got
+    w_ids, w_mask = want
+    assert ids == w_ids
+    assert mask == w_mask
+    assert shifted_labels(ids, mask) == [
+        w_ids[i + 1] if not w_mask[i + 1] else -100 for i in range(len(w_ids) - 1)
+    ] + [-100]
+
+
+def test_chatml_qwen3(tok, rust):
+    # ChatML: <|im_start|>{role}\n{content}<|im_end|>\n ; train "{content}<|im_end|>" of assistant turns.
+    ref = rust("qwen3")
+
+    def enc(t):
+        return ref.encode(t, add_special_tokens=False).ids
+
+    text = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+        "<|im_start|>assistant\nSix.<|im_end|>\n"
+    )
+    want = _golden(
+        enc,
+        [
+            (
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+                True,
+            ),
+            ("It is 4.<|im_end|>", False),
+            ("\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n", True),
+            ("Six.<|im_end|>", False),
+            ("\n", True),
+        ],
+    )
+    assert want[0] == enc(text)  # the pieces tokenize like the whole conversation
+    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat()), want)
+    # SmolLM2 uses ChatML too, with its own ids.
+    s_ref = rust("smollm2")
+    assert (
+        tokenize_messages(tok("smollm2"), CONV, "chatml")[0]
+        == s_ref.encode(text, add_special_tokens=False).ids
+    )
+
+
+def test_llama3_format(tok, rust):
+    # Llama 3: <|begin_of_text|> then <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>.
+    ref = rust("llama3")
+
+    def enc(t):
+        return ref.encode(t, add_special_tokens=False).ids
+
+    want = _golden(
+        enc,
+        [
+            (
+                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                True,
+            ),
+            ("It is 4.<|eot_id|>", False),
+            (
+                "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                True,
+            ),
+            ("Six.<|eot_id|>", False),
+        ],
+    )
+    ids, _ = want
+    assert ids[0] == 128000 and ids.count(128009) == 5  # <|begin_of_text|>, one <|eot_id|> per message
+    _check(tokenize_messages(tok("llama3"), CONV, Llama3ChatFormat()), want)
+
+
+def _sp(shared_assets):
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(
+        model_file=str(shared_assets / "tokenizers/mistral7b_v01/tokenizer.model")
+    )
+
+
+def test_llama2_format(tok, shared_assets):
+    # Meta's llama chat_completion: per exchange BOS + encode(f"[INST] {user} [/INST] {answer} ") + EOS,
+    # system folded into the first user turn as "<<SYS>>\n{system}\n<</SYS>>\n\n".
+    sp = _sp(shared_assets)
+    bos, eos = sp.bos_id(), sp.eos_id()
+    first_prompt = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWhat is 2+2? [/INST]"
+    ex1 = sp.encode(first_prompt + " It is 4. ")
+    ex2 = sp.encode("[INST] And 3+3? [/INST] Six. ")
+    n1, n2 = len(sp.encode(first_prompt)), len(sp.encode("[INST] And 3+3? [/INST]"))
+    assert ex1[:n1] == sp.encode(first_prompt)  # the prompt's tokens are a prefix of the exchange's
+    want_ids = [bos, *ex1, eos, bos, *ex2, eos]
+    want_mask = (
+        [True] * (1 + n1) + [False] * (len(ex1) - n1 + 1) + [True] * (1 + n2) + [False] * (len(ex2) - n2 + 1)
+    )
+    _check(tokenize_messages(tok("mistral7b_v01"), CONV, Llama2ChatFormat()), (want_ids, want_mask))
+
+
+def test_mistral_format(tok, shared_assets):
+    # Mistral v1: <s>[INST] {system}\n\n{user} [/INST]{answer}</s>[INST] {user} [/INST]{answer}</s>,
+    # each instruction and answer encoded on its own.
+    sp = _sp(shared_assets)
+    u1 = sp.encode("[INST] Be brief.\n\nWhat is 2+2? [/INST]")
+    a1 = sp.encode("It is 4.")
+    u2 = sp.encode("[INST] And 3+3? [/INST]")
+    a2 = sp.encode("Six.")
+    want_ids = [sp.bos_id(), *u1, *a1, sp.eos_id(), *u2, *a2, sp.eos_id()]
+    want_mask = [True] * (1 + len(u1)) + [False] * (len(a1) + 1) + [True] * len(u2) + [False] * (len(a2) + 1)
+    _check(tokenize_messages(tok("mistral7b_v01"), CONV, MistralChatFormat()), (want_ids, want_mask))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_tokenizer_own_template_matches_transformers(name, tok, rust, shared_assets):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(shared_assets / "tokenizers" / name))
+    conv = [{"role": m.role, "content": m.content} for m in CONV]
+    want = hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=False)
+    want = list(want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want)
+    ids, mask = tokenize_messages(tok(name), CONV, TokenizerChatTemplate())
+    assert ids == want
+    end = "<|im_end|>" if name == "qwen3" else "<|eot_id|>"
+    ref = rust(name)
+    trained = [i for i, m in zip(ids, mask) if not m]
+    assert trained == ref.encode(f"It is 4.{end}Six.{end}", add_special_tokens=False).ids
+
+
+def test_truncation_keeps_final_token(tok):
+    t = tok("qwen3")
+    ids, mask = tokenize_messages(t, CONV, ChatMLFormat())
+    short, smask = tokenize_messages(t, CONV, ChatMLFormat(), max_seq_len=20)
+    assert len(short) == 20 and short[:19] == ids[:19] and short[-1] == ids[-1] and smask[-1] == mask[-1]

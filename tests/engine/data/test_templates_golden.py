@@ -1,0 +1,129 @@
+"""Golden token/label sequences for each prompt template with real tokenizers.
+
+The expected prompt strings are written out here from each template's spec (Alpaca: the prompt of
+Stanford Alpaca's train.py); ids come from the `tokenizers` library encoding the whole text."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.data import (
+    AlpacaInstructTemplate,
+    DataError,
+    GrammarErrorCorrectionTemplate,
+    InputOutputToMessages,
+    PromptTemplate,
+    QuestionAnswerTemplate,
+    StackExchangedPairedTemplate,
+    SummarizeTemplate,
+    instruct_dataset,
+    preference_dataset,
+    tokenize_messages,
+)
+from engine.data.templates import resolve_template
+
+CASES = [
+    (
+        AlpacaInstructTemplate(),
+        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
+        "Below is an instruction that describes a task, paired with an input that provides further context. "
+        "Write a response that appropriately completes the request.\n\n### Instruction:\nAdd the numbers.\n\n"
+        "### Input:\n2 and 3\n\n### Response:\n",
+    ),
+    (
+        AlpacaInstructTemplate(),
+        {"instruction": "Name a colour.", "input": "", "output": "Blue."},
+        "Below is an instruction that describes a task. Write a response that appropriately completes the "
+        "request.\n\n### Instruction:\nName a colour.\n\n### Response:\n",
+    ),
+    (
+        GrammarErrorCorrectionTemplate(),
+        {"input": "She go home.", "output": "She goes home."},
+        "Correct the grammar of this text: She go home.\nCorrected: ",
+    ),
+    (
+        SummarizeTemplate(),
+        {"dialogue": "A: hi\nB: hello", "output": "They greet."},
+        "Summarize this dialogue:\nA: hi\nB: hello\n---\nSummary:\n",
+    ),
+    (
+        QuestionAnswerTemplate(),
+        {"question": "What is 6 * 7?", "output": "6 * 7 = 42.\n#### 42"},
+        "Question: What is 6 * 7?\n\nAnswer: ",
+    ),
+    (
+        PromptTemplate("Translate to French: {text}\nFrench: "),
+        {"text": "cat", "output": "chat"},
+        "Translate to French: cat\nFrench: ",
+    ),
+]
+
+
+def _common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("name", ["llama3", "mistral7b_v01", "qwen3"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_template_tokens_and_labels(case, name, tok, rust):
+    template, row, prompt = CASES[case]
+    t, ref = tok(name), rust(name)
+    assert template.format(row) == prompt
+    msgs = InputOutputToMessages(template)(row)
+    ids, mask = tokenize_messages(t, msgs)
+    body = ref.encode(prompt + row["output"], add_special_tokens=False).ids
+    # Prompt tokens: the longest run shared with the prompt's own encoding. A prompt ending in a space
+    # ("Corrected: ") merges it into the response's first token (" She"), which is then trained.
+    n_prompt = _common(ref.encode(prompt, add_special_tokens=False).ids, body)
+    bos = [t.bos_id] if t.adds_bos else []  # Mistral prepends <s>; the Llama-3 and Qwen3 files do not
+    assert ids == bos + body + [t.eos_id]
+    assert mask == [True] * (len(bos) + n_prompt) + [False] * (len(body) - n_prompt + 1)
+
+
+def test_train_on_input_trains_prompt(tok):
+    t = tok("qwen3")
+    template, row, _ = CASES[0]
+    _, mask = tokenize_messages(t, InputOutputToMessages(template, train_on_input=True)(row))
+    assert not any(mask)
+
+
+def test_stack_exchange_preference_golden(tok, rust):
+    t, ref = tok("llama3"), rust("llama3")
+    rows = [
+        {"question": "Why is the sky blue?", "response_j": "Rayleigh scattering.", "response_k": "Paint."}
+    ]
+    ds = preference_dataset(
+        t,
+        source=rows,
+        template=StackExchangedPairedTemplate(),
+        column_map={"chosen": "response_j", "rejected": "response_k"},
+        cache=False,
+    )
+    prompt = "Question: Why is the sky blue?\n\nAnswer: "
+    s = ds[0]
+    for side, answer in (("chosen", "Rayleigh scattering."), ("rejected", "Paint.")):
+        want = ref.encode(prompt + answer, add_special_tokens=False).ids + [t.eos_id]
+        n = _common(ref.encode(prompt, add_special_tokens=False).ids, want)
+        assert s[f"{side}_tokens"] == want
+        assert s[f"{side}_labels"] == [-100] * (n - 1) + want[n:] + [-100]
+
+
+def test_dotted_string_and_instance_both_accepted(tok):
+    t = tok("qwen3")
+    rows = [{"instruction": "Say hi.", "output": "Hi!"}]
+    a = instruct_dataset(t, source=rows, template="engine.data.AlpacaInstructTemplate", cache=False)
+    b = instruct_dataset(t, source=rows, template=AlpacaInstructTemplate(), cache=False)
+    assert a[0] == b[0]
+    assert isinstance(resolve_template("AlpacaInstructTemplate"), AlpacaInstructTemplate)
+
+
+def test_bad_templates():
+    with pytest.raises(DataError, match="not a prompt template"):
+        resolve_template("engine.data.ChatMLFormat")
+    with pytest.raises(DataError, match="name every field"):
+        PromptTemplate("Q: {}")
+    with pytest.raises(DataError, match="malformed"):
+        PromptTemplate("Q: {question")
