@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _reconcile_lost_runs()
         if args.command is None:
             from workbench.app import run_app
 
@@ -54,6 +55,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tunebench: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+def _reconcile_lost_runs() -> None:
+    """Mark runs whose processes vanished (reboot, kill -9) as failed, before any command looks at
+    them: one indexed query on the runs table, nothing at all when no tracker database exists."""
+    from engine.tracking.paths import db_path
+
+    if db_path().exists():
+        from workbench.launcher import reconcile_lost
+
+        reconcile_lost()
 
 
 def entry() -> None:  # pragma: no cover - console script shim

@@ -41,11 +41,13 @@ def create_run(
     tags: list[str] | tuple[str, ...] = (),
     notes: str = "",
     total_steps: int | None = None,
+    run_id: str | None = None,
 ) -> RunRecord:
     """Insert a `queued` run and create its private folder `runs/<id>/`; returns the row.
 
     `name` defaults to `<recipe>-<n>`; a taken name raises `TrackerError`, as does a name with
     characters other than letters, digits, `.`, `_`, `-` (it is used on the command line).
+    `run_id` (default: a fresh `new_run_id()`) lets a caller write into the folder first.
     """
     if kind not in RUN_KINDS:
         raise TrackerError(f"run kind {kind!r} is not one of {', '.join(RUN_KINDS)}")
@@ -54,9 +56,10 @@ def create_run(
     if name is not None and not _NAME_OK.match(name):
         raise TrackerError(f"run name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
     home_runs = ensure_private_dir(runs_root())
-    run_id = new_run_id()
-    while (home_runs / run_id).exists():
+    if run_id is None:
         run_id = new_run_id()
+        while (home_runs / run_id).exists():
+            run_id = new_run_id()
     out = ensure_private_dir(run_dir(run_id))
     now = time.time()
     with write_tx(db):

@@ -246,9 +246,9 @@ class MetricLogger:
 def _fmt(v: float) -> str:
     if math.isnan(v) or math.isinf(v):
         return str(v)
-    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-        return f"{v:.3e}"
-    return f"{v:.4f}".rstrip("0").rstrip(".") if v != int(v) else str(int(v))
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.5g}"
 
 
 def _close_all() -> None:

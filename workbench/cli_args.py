@@ -1,0 +1,33 @@
+"""Command lines that mix options and `key=value` overrides in any order.
+
+argparse cannot interleave a `nargs="*"` positional with options (`run sft --config F lr=1 --nproc 2`):
+the subcommand keeps everything after its first positional as `rest` (REMAINDER) and `parse_mixed`
+re-reads it with `parse_intermixed_args`, so options may come before or after the overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+AddOptions = Callable[[argparse.ArgumentParser], None]
+
+
+def add_rest(p: argparse.ArgumentParser) -> None:
+    """The catch-all positional holding options and overrides that follow the first positional."""
+    p.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="key=value", help="config overrides (a.b=1, ~key, ...)"
+    )
+
+
+def parse_mixed(args: argparse.Namespace, add_options: AddOptions, *, prog: str) -> argparse.Namespace:
+    """`args` with the options found in `args.rest` applied and the leftovers as `args.overrides`."""
+    inner = argparse.ArgumentParser(prog=prog, add_help=False)
+    add_options(inner)
+    inner.add_argument("overrides", nargs="*")
+    dests = [a.dest for a in inner._actions if a.dest != "overrides"]
+    inner.set_defaults(**{d: getattr(args, d) for d in dests if hasattr(args, d)})
+    ns = inner.parse_intermixed_args(args.rest)
+    for key, value in vars(ns).items():
+        setattr(args, key, value)
+    return args

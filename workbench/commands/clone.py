@@ -1,0 +1,38 @@
+"""`tunebench clone RUN [key=value ...]`: a new run with the same config plus overrides, then launch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workbench.cli_args import add_rest, parse_mixed
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("clone", help="start a new run from a run's config with overrides (parent recorded)")
+    p.add_argument("run", metavar="RUN", help="run id or name to copy")
+    add_rest(p)
+    _options(p)
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="a name for the new run")
+    p.add_argument("--nproc", type=int, help="processes (default: as the original)")
+    p.add_argument("--detach", action="store_true", help="return once launched")
+
+
+def run(args: argparse.Namespace) -> int:
+    from workbench import launcher
+    from workbench.run_progress import follow
+
+    args = parse_mixed(args, _options, prog="tunebench clone")
+    rec = launcher.clone(args.run, args.overrides, name=args.name, nproc=args.nproc)
+    rec = launcher.launch(rec.id)
+    print(
+        f"run {rec.name} ({rec.id}) cloned from {args.run} and launched; log: {rec.output_dir}/stdout.log",
+        flush=True,
+    )
+    if args.detach:
+        return 0
+    return follow(rec.id, stream=sys.stderr)

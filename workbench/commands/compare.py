@@ -1,0 +1,58 @@
+"""`tunebench compare RUN RUN ... [--json]`: summary table side by side and the config keys that differ."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compare runs: summary table and config diff")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more run ids or names")
+    p.add_argument("--json", action="store_true", help="one JSON object: summaries and config diff")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import parse_yaml
+    from engine.tracking.db import open_db
+    from engine.tracking.readers import get_run, summarize
+    from workbench.cli_format import config_diff, json_safe, table
+    from workbench.errors import UserError
+    from workbench.run_progress import human_number
+
+    if len(args.runs) < 2:
+        raise UserError("compare needs two or more runs: tunebench compare RUN RUN ...")
+    with open_db(create=False) as db:
+        summaries = [summarize(get_run(r, db=db), db=db) for r in args.runs]
+    configs = [parse_yaml(s.run.config_text, source=f"run {s.run.name}") for s in summaries]
+    diff = config_diff(configs)
+    if args.json:
+        print(
+            json.dumps(json_safe({"runs": [s.to_dict() for s in summaries], "config_diff": diff}), indent=2)
+        )
+        return 0
+    names = [s.run.name for s in summaries]
+    f = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+    rows = [
+        ["id", *[s.run.id for s in summaries]],
+        ["recipe", *[s.run.recipe for s in summaries]],
+        ["status", *[s.run.status for s in summaries]],
+        ["step", *[f"{s.run.step}/{s.run.total_steps or '?'}" for s in summaries]],
+        ["last loss", *[f(s.last_loss) for s in summaries]],
+        ["tokens/s (median)", *[human_number(s.tokens_per_sec_median) for s in summaries]],
+        ["peak memory GB", *[f(s.mem_peak_gb) for s in summaries]],
+        ["parent", *[s.run.parent_id or "-" for s in summaries]],
+    ]
+    print(table(["", *names], rows))
+    print()
+    if diff:
+        print("config differences:")
+        print(table(["KEY", *names], [[k, *[_show(v) for v in vals]] for k, vals in diff.items()]))
+    else:
+        print("configs are identical (output_dir aside)")
+    return 0
+
+
+def _show(v) -> str:
+    return "(absent)" if v is None else str(v)

@@ -1,0 +1,342 @@
+"""Starting, stopping, resuming, cloning and exporting runs, without the CLI (the workbench calls these).
+
+A run is registered `queued` with its config written to `runs/<id>/config.yaml` (`output_dir` set to
+that folder), then `launch` hands it to a detached `workbench.supervisor` that starts torchrun and
+records how it ended. See docs/ARCHITECTURE.md, "Launcher". Bad input raises `UserError` or
+`engine.config.ConfigError` (one line); nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from engine.tracking.db import open_db, write_tx
+from engine.tracking.paths import db_path, ensure_private_dir, run_dir, tunebench_home
+from engine.tracking.readers import active_runs, get_run
+from engine.tracking.records import ACTIVE_STATUSES, RunRecord
+from engine.tracking.runs import add_event, new_run_id, truncate_after, update_run
+from engine.tracking.runs import create_run as _register
+from workbench.errors import UserError
+
+CONFIG_NAME = "config.yaml"
+LOST_ERROR = "process lost: its supervisor and processes vanished without recording an end"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+# -- registering ---------------------------------------------------------------------------------------
+def create_run(
+    recipe: str,
+    *,
+    config_path: str | os.PathLike | None = None,
+    config_text: str | None = None,
+    overrides: Iterable[str] = (),
+    nproc: int = 1,
+    name: str | None = None,
+    module: str | None = None,
+    tags: Iterable[str] = (),
+    notes: str = "",
+    parent_id: str | None = None,
+    kind: str = "new",
+    validate: bool = True,
+) -> RunRecord:
+    """Register a `queued` run from a config file (a path or built-in name) or YAML text, with
+    `key=value` overrides applied, `output_dir` set to `runs/<id>`, written to `runs/<id>/config.yaml`.
+
+    `module` replaces `engine.recipes.<recipe>` as the torchrun entry (tests use their own recipe).
+    With `validate`, every config problem is reported at once as one `ConfigError` line.
+    """
+    from engine.config import ConfigError, apply_overrides, dump_config, find_config, load_yaml, parse_yaml
+    from engine.config import validate as validate_config
+
+    if not re.match(r"^[A-Za-z_]\w*$", recipe):
+        raise UserError(f"recipe {recipe!r}: give a recipe name such as sft, dpo, kd or grpo")
+    if nproc < 1:
+        raise UserError(f"--nproc {nproc}: use 1 or more processes")
+    if (config_path is None) == (config_text is None):
+        raise UserError("give exactly one of a config file or config text")
+    if config_path is not None:
+        source = str(find_config(config_path))
+        cfg = load_yaml(source)
+    else:
+        source = "config"
+        cfg = parse_yaml(config_text or "", source=source)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{source}: the config is not a mapping of key: value — write one", field=source)
+    cfg = apply_overrides(cfg, list(overrides))
+    cfg.pop("output_dir", None)
+    if validate:
+        problems = validate_config(cfg, recipe=recipe if module is None else None)
+        if problems:
+            more = (
+                f" (and {len(problems) - 3} more; `tunebench validate` lists all)"
+                if len(problems) > 3
+                else ""
+            )
+            raise ConfigError(f"{source}: " + "; ".join(str(p) for p in problems[:3]) + more, field=source)
+    run_id = new_run_id()
+    while run_dir(run_id).exists():
+        run_id = new_run_id()
+    out = run_dir(run_id)
+    cfg["output_dir"] = str(out)
+    text = dump_config(
+        cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
+    )
+    ensure_private_dir(out)
+    try:
+        _atomic_write(out / CONFIG_NAME, text)
+        with open_db() as db:
+            return _register(
+                db=db,
+                recipe=recipe,
+                config_text=text,
+                module=module,
+                name=name,
+                nproc=nproc,
+                model=_model_label(cfg),
+                parent_id=parent_id,
+                kind=kind,
+                tags=list(tags),
+                notes=notes,
+                run_id=run_id,
+            )
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _model_label(cfg: dict) -> str | None:
+    model = cfg.get("model")
+    if isinstance(model, dict):
+        for key in ("checkpoint_dir", "path", "_component_"):
+            if isinstance(model.get(key), str):
+                return model[key]
+    return model if isinstance(model, str) else None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# -- launching and stopping ----------------------------------------------------------------------------
+def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
+    """Start the run's supervisor (detached, new session); returns the row once it is recorded.
+
+    Raises `UserError` when the run is already running or the supervisor cannot start.
+    """
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+        if run.status == "running":
+            raise UserError(f"run {run.name} is already running: stop it first (tunebench stop {run.name})")
+        update_run(
+            run.id, db=db, status="queued", stop_requested=False, exit_code=None, error=None, ended_at=None,
+            pid=None, pgid=None, supervisor_pid=None, supervisor_started=None,
+        )  # fmt: skip
+    out = ensure_private_dir(Path(run.output_dir))
+    env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()))
+    with open(out / "supervisor.log", "ab") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "workbench.supervisor", "--fork", run.id, "--", *extra_args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, timeout=120, check=False,
+        )  # fmt: skip
+    try:
+        pid = int(proc.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise UserError(
+            f"run {run.name}: the supervisor did not start; see {out / 'supervisor.log'}"
+        ) from None
+    with open_db() as db:
+        update_run(run.id, db=db, supervisor_pid=pid, supervisor_started=_create_time(pid))
+        return get_run(run.id, db=db)
+
+
+def wait(run_id: str, *, timeout: float | None = None, poll_s: float = 0.2) -> RunRecord:
+    """Block until the run is no longer queued/running (or `timeout` seconds); returns its row."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with open_db() as db:
+            run = get_run(run_id, db=db)
+        if run.status not in ACTIVE_STATUSES:
+            return run
+        if deadline is not None and time.monotonic() > deadline:
+            return run
+        reconcile_lost()
+        time.sleep(poll_s)
+
+
+def stop(run_id: str, *, grace_s: float = 30.0, wait_s: float = 15.0) -> RunRecord:
+    """Ask a run to stop: record the request, SIGTERM its process group (the recipe checkpoints and
+    exits), SIGKILL the group after `grace_s`; returns the row once the supervisor recorded the end
+    (or after `wait_s` more seconds). Raises `UserError` when the run is not queued/running."""
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+        if run.status not in ACTIVE_STATUSES:
+            raise UserError(f"run {run.name} is {run.status}, not running: nothing to stop")
+        update_run(run.id, db=db, stop_requested=True)
+        add_event(run.id, run.step, "stop", "stop requested", db=db)
+    deadline = time.monotonic() + grace_s
+    pgid = run.pgid
+    while pgid is None and time.monotonic() < deadline:  # queued: the supervisor will see the request
+        time.sleep(0.1)
+        with open_db() as db:
+            run = get_run(run.id, db=db)
+        if run.status not in ACTIVE_STATUSES:
+            return run
+        pgid = run.pgid
+    if pgid is not None:
+        _killpg(pgid, signal.SIGTERM)
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(pgid):
+            _killpg(pgid, signal.SIGKILL)
+    return wait(run.id, timeout=wait_s)
+
+
+# -- resume, clone, export -----------------------------------------------------------------------------
+def latest_checkpoint_step(output_dir: str | os.PathLike) -> int | None:
+    """N of the newest complete `output_dir/checkpoints/step_<N>/` (temp folders ignored), or None."""
+    root = Path(output_dir) / "checkpoints"
+    steps = [int(m.group(1)) for p in root.glob("step_*") if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return max(steps) if steps else None
+
+
+def resume(run_id: str) -> RunRecord:
+    """Restart a finished/stopped/failed run from its newest checkpoint: tracker rows past that step
+    are deleted (one transaction), then the run is launched with the override `resume=true`.
+    Raises `UserError` when it is still running or has no checkpoint."""
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+        if run.status in ACTIVE_STATUSES:
+            raise UserError(f"run {run.name} is {run.status}: stop it first (tunebench stop {run.name})")
+        step = latest_checkpoint_step(run.output_dir)
+        if step is None:
+            raise UserError(
+                f"run {run.name} has no checkpoint under {run.output_dir}/checkpoints: "
+                f"start it over with `tunebench clone {run.name}`"
+            )
+        truncate_after(run.id, step, db=db)
+        update_run(run.id, db=db, kind="resume", resumes=run.resumes + 1)
+        add_event(run.id, step, "resume", f"resumed from checkpoints/step_{step}", db=db)
+    return launch(run.id, extra_args=["resume=true"])
+
+
+def clone(
+    run_id: str, overrides: Iterable[str] = (), *, name: str | None = None, nproc: int | None = None
+) -> RunRecord:
+    """A new `queued` run with this run's config, `overrides` applied, and this run as parent."""
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+    return create_run(
+        run.recipe,
+        config_text=run.config_text,
+        overrides=overrides,
+        nproc=nproc or run.nproc,
+        name=name,
+        module=None if run.module == f"engine.recipes.{run.recipe}" else run.module,
+        tags=run.tag_list,
+        parent_id=run.id,
+        kind="clone",
+    )
+
+
+def export(run_id: str, path: str | os.PathLike) -> Path:
+    """Write the run's config as a standalone YAML that `tunebench run` accepts (launch line first,
+    `output_dir` removed: `tunebench run` sets it). Atomic; returns the path."""
+    from engine.config import dump_config, parse_yaml
+
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+    cfg = parse_yaml(run.config_text, source=f"run {run.name}")
+    cfg.pop("output_dir", None)
+    dest = Path(path).expanduser()
+    if dest.is_dir():
+        raise UserError(f"{dest} is a folder: give a file name such as {dest / (run.name + '.yaml')}")
+    if not dest.parent.is_dir():
+        raise UserError(f"{dest.parent} does not exist: create it or choose another -o path")
+    header = (
+        f"tunebench run {run.recipe} --config {dest.name}\n"
+        f"exported from run {run.name} ({run.id}); by hand add output_dir=DIR"
+    )
+    _atomic_write(dest, dump_config(cfg, header=header))
+    return dest
+
+
+# -- lost processes ------------------------------------------------------------------------------------
+def reconcile_lost() -> list[str]:
+    """Mark `failed` ("process lost") the queued/running runs of this host whose supervisor and process
+    group are both gone (reboot, kill -9 of everything); returns their ids. One indexed query when
+    nothing is active; does nothing when no database exists yet."""
+    if not db_path().exists():
+        return []
+    host = socket.gethostname()
+    lost: list[str] = []
+    with open_db() as db:
+        for run in active_runs(db=db):
+            if run.host != host or run.supervisor_pid is None:
+                continue
+            if _alive(run.supervisor_pid, run.supervisor_started):
+                continue
+            if run.pgid is not None and _group_alive(run.pgid):
+                continue
+            with write_tx(db):  # conditional: the supervisor may have recorded the end meanwhile
+                changed = db.execute(
+                    "UPDATE runs SET status = 'failed', ended_at = ?, error = ? "
+                    "WHERE id = ? AND status IN ('queued', 'running')",
+                    (time.time(), LOST_ERROR, run.id),
+                ).rowcount
+            if not changed:
+                continue
+            add_event(run.id, run.step, "end", "failed (process lost)", db=db)
+            lost.append(run.id)
+    return lost
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(proc.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,196 @@
+"""The detached process that owns one launch of a run: `python -m workbench.supervisor RUN_ID [-- ARGS]`.
+
+Started by `workbench.launcher.launch` with `--fork`: the first process forks, prints the child's pid
+and exits, so the supervisor is re-parented to init (no zombie in a long-lived workbench) and runs in
+a session of its own (closing the UI or the SSH session does not stop it). It then:
+
+1. starts `torchrun --standalone --nproc_per_node N -m <module> --config runs/<id>/config.yaml [ARGS]`
+   in a new process group, stdout+stderr appended to `runs/<id>/stdout.log`;
+2. records pid, pgid, `running` and the start time;
+3. waits; a SIGTERM to the supervisor itself counts as a stop request and is passed to the group;
+4. records the end: `exit_code` (the failing worker's code, read from torchrun's failure report),
+   `ended_at`, status `stopped` (a stop was requested), `completed` (0) or `failed` with the tail of
+   the log as `error`; finally kills stragglers left in the group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.tracking.db import open_db
+from engine.tracking.paths import tunebench_home
+from engine.tracking.readers import get_run
+from engine.tracking.runs import add_event, update_run
+
+LOG_NAME = "stdout.log"
+_EXITCODE_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ELASTIC_LOG_RE = re.compile(r"^[EWI]\d{4} \d")  # torch.distributed.elastic's own log lines
+_NOISE_RE = re.compile(r"^(step \d+(/\d+)? \||== tunebench: )")  # MetricLogger's step lines, our header
+TAIL_LINES = 20
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def torchrun_command(*, nproc: int, module: str, config: Path, extra: list[str]) -> list[str]:
+    """The torchrun command line (as `python -m torch.distributed.run`, so the venv's torch is used)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # a private rendezvous on a free port: concurrent runs never collide
+        f"--nproc_per_node={nproc}",
+        "-m",
+        module,
+        "--config",
+        str(config),
+        *extra,
+    ]
+
+
+def read_tail(path: Path, max_bytes: int = 65536) -> str:
+    """The last `max_bytes` of a log file as text ("" when absent)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def worker_exit_code(log_tail: str, returncode: int) -> int:
+    """The exit code to report: torchrun exits 1 whatever its worker returned, but its failure report
+    names the first failing worker's `exitcode`; use that when present."""
+    if returncode == 0:
+        return 0
+    root = log_tail.rfind("Root Cause")
+    if root >= 0:
+        m = _EXITCODE_RE.search(log_tail, root)
+        if m:
+            return int(m.group(1))
+    return returncode
+
+
+def failure_text(log_tail: str, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of what the recipe printed: torchrun's own traceback and failure report
+    and elastic log lines are cut, so the reason (e.g. `loss is nan at step 12`) is what remains."""
+    text = log_tail
+    idx = text.rfind(_TRACEBACK)
+    while idx >= 0:
+        if "torch/distributed/run.py" in text[idx : idx + 3000]:
+            text = text[:idx]
+            break
+        idx = text.rfind(_TRACEBACK, 0, idx)
+    kept = [
+        ln
+        for ln in text.splitlines()
+        if ln.strip() and not _ELASTIC_LOG_RE.match(ln) and not _NOISE_RE.match(ln)
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def supervise(run_id: str, extra: list[str]) -> int:
+    """Run one launch of `run_id` to its end and record it; returns 0 (the run's code is in the db)."""
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+        out = Path(run.output_dir)
+        log_path = out / LOG_NAME
+        cmd = torchrun_command(nproc=run.nproc, module=run.module, config=out / "config.yaml", extra=extra)
+        env = dict(os.environ)
+        env.update(TUNEBENCH_HOME=str(tunebench_home()), TUNEBENCH_RUN_ID=run.id, PYTHONUNBUFFERED="1")
+        child: subprocess.Popen | None = None
+        stop_seen = False
+
+        def on_term(signum: int, frame: object) -> None:
+            nonlocal stop_seen
+            stop_seen = True
+            if child is not None:
+                _signal_group(child.pid, signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with open(log_path, "ab", buffering=0) as log:
+            log.write(f"== tunebench: {' '.join(cmd)}\n".encode())
+            try:
+                child = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                update_run(
+                    run.id,
+                    db=db,
+                    status="failed",
+                    exit_code=127,
+                    ended_at=time.time(),
+                    error=f"could not start torchrun: {exc}",
+                )
+                return 0
+            now = time.time()
+            update_run(run.id, db=db, status="running", pid=child.pid, pgid=child.pid, started_at=now)
+            add_event(run.id, run.step, "start", f"{run.nproc} process(es), pid {child.pid}", db=db)
+            if get_run(run.id, db=db).stop_requested:  # a stop that came before the pid was known
+                _signal_group(child.pid, signal.SIGTERM)
+            while True:
+                try:
+                    rc = child.wait()
+                    break
+                except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                    continue
+            _signal_group(child.pid, signal.SIGKILL)  # workers orphaned by a crashed torchrun
+        tail = read_tail(log_path)
+        code = worker_exit_code(tail, rc)
+        final = get_run(run.id, db=db)
+        if final.stop_requested or stop_seen:
+            status, error = "stopped", None
+        elif code == 0:
+            status, error = "completed", None
+        else:
+            status, error = "failed", failure_text(tail) or f"exit code {code}"
+        update_run(run.id, db=db, status=status, exit_code=code, ended_at=time.time(), error=error)
+        add_event(run.id, final.step, "end", f"{status} (exit code {code})", db=db)
+    return 0
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    fork = bool(args) and args[0] == "--fork"
+    if fork:
+        args = args[1:]
+    if not args:
+        print("usage: python -m workbench.supervisor [--fork] RUN_ID [-- ARGS...]", file=sys.stderr)
+        return 2
+    run_id, rest = args[0], args[1:]
+    extra = rest[1:] if rest[:1] == ["--"] else rest
+    if fork:
+        pid = os.fork()
+        if pid > 0:
+            print(pid, flush=True)
+            os._exit(0)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):
+            os.dup2(devnull, fd)
+    return supervise(run_id, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
