@@ -7,9 +7,13 @@ A component path is allowed when it equals or starts with (at a dot boundary) on
 - prefixes registered in this process with `allow_components` (`load_config` registers the
   loaded config's `allowed_components`, so `instantiate(cfg["model"])` honours them).
 
-A few callables under `torch.` load or run code from outside the config (`torch.load`, `torch.hub`,
-...); they are refused unless a user-given prefix names them explicitly. The check runs before
-anything is imported, so a refused path never executes code.
+Refused unless a user-given prefix names them explicitly:
+- callables that load or run code from outside the config (`torch.load`, `torch.hub`, ...) and
+  `engine.config` itself (a config must not widen its own allow-list);
+- dunder segments anywhere, and private segments (`_x`) under `torch`/`torchao`;
+- paths that pass the prefix check but reach another module (`torch.os.system`: every module on the
+  way, and the defining module of a stdlib callable, must be allowed too).
+The prefix check runs before anything is imported, so a refused path never executes code.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import importlib
 import os
 import pkgutil
 import re
+import sys
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +40,8 @@ DENIED_PREFIXES = (
     "torch.ops.load_library",
     "torch.classes.load_library",
     "torch.serialization",
+    "torch.distributed.rpc",
+    "engine.config",  # would let a config widen its own allow-list
 )
 _DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _registered: list[str] = []
@@ -83,6 +91,38 @@ def reset_allowed_components() -> None:
     _registered.clear()
 
 
+def _user_prefixes(extra: Iterable[str]) -> list[str]:
+    return [*(_norm(p) for p in extra), *env_prefixes(), *_registered]
+
+
+def _refusal(name: str, user: list[str]) -> str | None:
+    """None when the dotted `name` is allowed, else why it is not."""
+    if any(_matches(name, p) for p in user):
+        return None
+    parts = name.split(".")
+    if any(seg.startswith("__") for seg in parts):
+        return "reaches a dunder attribute"
+    if any(_matches(name, p) for p in DENIED_PREFIXES):
+        if _matches(name, "engine.config"):
+            return "is the config system itself (a config may not widen its own allow-list)"
+        return "can run code from outside the config"
+    if parts[0] in ("torch", "torchao") and any(seg.startswith("_") for seg in parts):
+        return "is private to torch (a segment starts with '_')"
+    if any(_matches(name, p) for p in BUILTIN_PREFIXES):
+        return None
+    return "is not under an allowed prefix"
+
+
+def _refuse(field: str, subject: str, why: str, allow: str, user: list[str]) -> ConfigError:
+    return ConfigError(
+        f"{field}: {subject} {why} (allowed: {', '.join(p + '.' for p in BUILTIN_PREFIXES)}"
+        f"{''.join(', ' + p + '.' for p in dict.fromkeys(user) if p not in BUILTIN_PREFIXES)})"
+        f" — to allow it add `allowed_components: [{allow}]` to the"
+        f" config or set TUNEBENCH_ALLOW={allow}",
+        field=field,
+    )
+
+
 def check_allowed(name: str, *, field: str, extra: Iterable[str] = ()) -> None:
     """Raise ConfigError unless the component path `name` is allowed (see the module docstring)."""
     if not isinstance(name, str) or not _DOTTED_RE.match(name):
@@ -90,21 +130,27 @@ def check_allowed(name: str, *, field: str, extra: Iterable[str] = ()) -> None:
             f"{field}: {name!r} is not a dotted import path — write e.g. `_component_: torch.optim.AdamW`",
             field=field,
         )
-    user = [*extra, *env_prefixes(), *_registered]
-    if any(_matches(name, p) for p in user):
-        return
-    if any(_matches(name, p) for p in BUILTIN_PREFIXES) and not any(
-        _matches(name, p) for p in DENIED_PREFIXES
-    ):
-        return
-    top = name.split(".")[0] if not any(_matches(name, p) for p in DENIED_PREFIXES) else name
-    why = "can run code from outside the config" if top == name else "is not under an allowed prefix"
-    raise ConfigError(
-        f"{field}: component {name} {why} (allowed: {', '.join(p + '.' for p in BUILTIN_PREFIXES)}"
-        f"{''.join(', ' + p + '.' for p in user)}) — to allow it add `allowed_components: [{top}]` to the config"
-        f" or set TUNEBENCH_ALLOW={top}",
-        field=field,
-    )
+    user = _user_prefixes(extra)
+    why = _refusal(name, user)
+    if why is not None:
+        allow = name.split(".")[0] if why == "is not under an allowed prefix" else name
+        raise _refuse(field, f"component {name}", why, allow, user)
+
+
+def _check_reached(name: str, obj: Any, *, field: str, extra: Iterable[str]) -> None:
+    """Refuse a path that passes the prefix check but lands elsewhere (`torch.os.system`)."""
+    user = _user_prefixes(extra)
+    if isinstance(obj, types.ModuleType):
+        target = obj.__name__
+    else:
+        target = getattr(obj, "__module__", None)
+        if not isinstance(target, str) or target.split(".")[0] not in sys.stdlib_module_names:
+            return
+    why = _refusal(target, user)
+    if why is not None:
+        raise _refuse(
+            field, f"component {name} leads to module {target}, which", why, target.split(".")[0], user
+        )
 
 
 def _module_names(package: str) -> list[str]:
@@ -141,6 +187,7 @@ def import_component(name: str, *, field: str, extra: Iterable[str] = ()) -> Any
                 field=field,
             ) from None
         obj: Any = module
+        _check_reached(name, module, field=field, extra=extra)
         for i, attr in enumerate(parts[cut:]):
             if not hasattr(obj, attr):
                 owner = ".".join(parts[: cut + i])
@@ -153,6 +200,7 @@ def import_component(name: str, *, field: str, extra: Iterable[str] = ()) -> Any
                     field=field,
                 )
             obj = getattr(obj, attr)
+            _check_reached(name, obj, field=field, extra=extra)
         return obj
     hint = did_you_mean(parts[0], [m.name for m in pkgutil.iter_modules()])
     raise ConfigError(

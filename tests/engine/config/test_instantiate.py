@@ -152,3 +152,26 @@ def test_bad_allowed_components_value(write_yaml):
 def test_bad_component_path():
     with pytest.raises(ConfigError, match=r"is not a dotted import path"):
         instantiate({"_component_": "torch.nn.Linear()"})
+
+
+@pytest.mark.parametrize(
+    "name, pattern",
+    [
+        ("torch.os.system", r"leads to module os, which is not under an allowed prefix"),
+        ("torch.builtins.exec", r"leads to module builtins"),
+        ("torch._C._get_tracing_state", r"is private to torch"),
+        ("torch.nn.Linear.__class__", r"reaches a dunder attribute"),
+        ("engine.config.allow_components", r"is the config system itself"),
+    ],
+)
+def test_paths_that_escape_the_prefix_are_refused(name, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        instantiate({"_component_": name, "command": "true"})
+
+
+def test_user_prefix_does_not_cover_modules_reached_through_it(monkeypatch):
+    monkeypatch.setenv("TUNEBENCH_ALLOW", "torch")
+    with pytest.raises(ConfigError, match=r"leads to module sys"):
+        instantiate({"_component_": "torch.sys.getrecursionlimit"})
+    monkeypatch.setenv("TUNEBENCH_ALLOW", "torch,sys")
+    assert isinstance(instantiate({"_component_": "torch.sys.getrecursionlimit"}), int)
