@@ -123,8 +123,12 @@ def _refuse(field: str, subject: str, why: str, allow: str, user: list[str]) -> 
     )
 
 
-def check_allowed(name: str, *, field: str, extra: Iterable[str] = ()) -> None:
-    """Raise ConfigError unless the component path `name` is allowed (see the module docstring)."""
+def check_allowed(name: str, *, field: str | None = None, extra: Iterable[str] = ()) -> None:
+    """Raise ConfigError unless the component path `name` is allowed (see the module docstring).
+
+    `field` names the config field in the message (default: the path itself).
+    """
+    field = field or str(name)
     if not isinstance(name, str) or not _DOTTED_RE.match(name):
         raise ConfigError(
             f"{field}: {name!r} is not a dotted import path — write e.g. `_component_: torch.optim.AdamW`",
@@ -161,12 +165,16 @@ def _module_names(package: str) -> list[str]:
     return [m.name for m in pkgutil.iter_modules(getattr(pkg, "__path__", []) or [])]
 
 
-def import_component(name: str, *, field: str, extra: Iterable[str] = ()) -> Any:
+def import_component(name: str, *, field: str | None = None, extra: Iterable[str] = ()) -> Any:
     """Check the allow-list, then import `name` (`pkg.module.Attr[.attr...]`) and return the object.
+
+    `field` names the config field in messages (default: the path itself); `extra` adds prefixes
+    (e.g. the config's `allowed_components`) to the allow-list.
 
     Raises ConfigError naming `field` when refused or when the path cannot be imported, with a
     did-you-mean over the module's attributes or the package's modules.
     """
+    field = field or str(name)
     check_allowed(name, field=field, extra=extra)
     parts = name.split(".")
     module = None

@@ -8,7 +8,8 @@ What is checked:
   and types from simple annotations (int, float, bool, str, list[...], dict[...], Optional, Union,
   Literal). A nested `_component_` value counts as "some object" and is not type-checked here
   (its own node is checked on its own). Required arguments that recipes pass at the call site
-  (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, plus a recipe's own) are not
+  (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, num_training_steps, plus a
+  recipe's own) are not
   reported missing.
 - with `recipe=NAME`: when `engine.recipes.NAME` declares `CONFIG_KEYS: dict[str, str]`, unknown
   top-level keys (did-you-mean). `allowed_components` is always accepted.
@@ -36,7 +37,7 @@ from engine.config._overrides import _apply_one as apply_one
 from engine.config._yaml import load_yaml
 
 # Arguments recipes pass positionally at the call site, e.g. `instantiate(cfg["optimizer"], params)`.
-CALL_SITE_ARGS = frozenset({"params", "optimizer", "model", "tokenizer", "module"})
+CALL_SITE_ARGS = frozenset({"params", "optimizer", "model", "tokenizer", "module", "num_training_steps"})
 ALWAYS_ALLOWED_KEYS = frozenset({"allowed_components"})
 _RECIPE_RE = re.compile(r"^[A-Za-z_]\w*$")
 

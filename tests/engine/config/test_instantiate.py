@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.config import ConfigError, allow_components, instantiate, load_config
+from engine.config import ConfigError, allow_components, import_component, instantiate, load_config
 
 
 def test_builds_a_real_optimizer_equal_to_a_direct_one():
@@ -175,3 +175,11 @@ def test_user_prefix_does_not_cover_modules_reached_through_it(monkeypatch):
         instantiate({"_component_": "torch.sys.getrecursionlimit"})
     monkeypatch.setenv("TUNEBENCH_ALLOW", "torch,sys")
     assert isinstance(instantiate({"_component_": "torch.sys.getrecursionlimit"}), int)
+
+
+def test_import_component_direct_use():
+    assert import_component("torch.nn.Linear") is torch.nn.Linear
+    with pytest.raises(
+        ConfigError, match=r"^os\.system: component os\.system is not under an allowed prefix"
+    ):
+        import_component("os.system")
