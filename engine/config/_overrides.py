@@ -134,7 +134,8 @@ def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
     return node
 
 
-def _apply_one(cfg: dict, ov: Override) -> None:
+def apply_override(cfg: dict, ov: Override) -> None:
+    """Apply one parsed override to `cfg` in place. Raises ConfigError naming the override."""
     parent = _walk_to_parent(cfg, ov, create=ov.op != "delete")
     key = ov.path[-1]
     if isinstance(parent, list):
@@ -195,5 +196,5 @@ def apply_overrides(cfg: dict, overrides: Iterable[str | Override]) -> dict:
     """
     out = copy.deepcopy(cfg)
     for ov in parse_overrides(overrides):
-        _apply_one(out, ov)
+        apply_override(out, ov)
     return out

@@ -9,8 +9,7 @@ What is checked:
   Literal). A nested `_component_` value counts as "some object" and is not type-checked here
   (its own node is checked on its own). Required arguments that recipes pass at the call site
   (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, num_training_steps, plus a
-  recipe's own) are not
-  reported missing.
+  recipe's own) are not reported missing.
 - with `recipe=NAME`: when `engine.recipes.NAME` declares `CONFIG_KEYS: dict[str, str]`, unknown
   top-level keys (did-you-mean). `allowed_components` is always accepted.
 """
@@ -26,14 +25,14 @@ import re
 import types
 import typing
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from engine.config._components import config_prefixes, import_component
 from engine.config._errors import ConfigError, ConfigProblem, did_you_mean, dotted
 from engine.config._find import recipe_from_text
 from engine.config._interpolate import UNRESOLVED, Resolver
-from engine.config._overrides import Override, parse_override
-from engine.config._overrides import _apply_one as apply_one
+from engine.config._overrides import Override, apply_override, parse_override
 from engine.config._yaml import load_yaml
 
 # Arguments recipes pass positionally at the call site, e.g. `instantiate(cfg["optimizer"], params)`.
@@ -288,15 +287,14 @@ def validate_file(
     """
     try:
         cfg = load_yaml(path)
-        text = open(path, encoding="utf-8").read()
     except ConfigError as exc:
         return [problem_from_error(exc)], recipe
     if recipe is None:
-        recipe = recipe_from_text(text)
+        recipe = recipe_from_text(Path(path).read_text(encoding="utf-8"))
     problems: list[ConfigProblem] = []
     for ov in overrides:
         try:
-            apply_one(cfg, ov if isinstance(ov, Override) else parse_override(ov))
+            apply_override(cfg, ov if isinstance(ov, Override) else parse_override(ov))
         except ConfigError as exc:
             problems.append(problem_from_error(exc))
     return problems + validate(cfg, recipe=recipe), recipe

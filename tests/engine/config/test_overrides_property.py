@@ -26,3 +26,25 @@ def test_random_overrides_raise_only_config_error(texts):
     except ConfigError as exc:
         assert "\n" not in str(exc)
         assert str(exc)
+
+
+REF_PIECES = st.sampled_from(
+    ["${", "}", "$${", "a", "b", ".", "0", "1", "x", "$", "lr", "model.dim", "data.0.source"]
+)
+ref_text = st.lists(REF_PIECES, max_size=8).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "x"]), st.one_of(ref_text, st.lists(ref_text, max_size=2)), max_size=3
+    )
+)
+def test_random_interpolations_raise_only_config_error(extra):
+    from engine.config import resolve_interpolations
+
+    cfg = dict(CFG, **extra)
+    try:
+        resolve_interpolations(cfg)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
