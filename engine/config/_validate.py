@@ -61,9 +61,25 @@ def problem_from_error(exc: ConfigError) -> ConfigProblem:
 
 
 def _type_name(ann: Any) -> str:
+    """A YAML writer's name for an annotation: `int or null`, `a list of str`, `one of 'a', 'b'`."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Union or origin is types.UnionType:
+        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        return names + (" or null" if type(None) in args else "")
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if ann is None or ann is type(None):
+        return "null"
+    if (origin or ann) in (list, tuple, set, frozenset):
+        homogeneous = (
+            origin is list and len(args) == 1 or origin is tuple and len(args) == 2 and args[1] is Ellipsis
+        )
+        return f"a list of {_type_name(args[0])}" if homogeneous else "a list"
+    if (origin or ann) in (dict, collections.abc.Mapping):
+        return "a mapping"
     if isinstance(ann, type):
         return ann.__name__
-    return str(ann).replace("typing.", "").replace("NoneType", "None")
+    return str(ann).replace("typing.", "")
 
 
 def _is_component(value: Any) -> bool:
@@ -164,7 +180,7 @@ def _check_component(
                 ConfigProblem(
                     here,
                     f"{name} expects {_type_name(ann)}, got {type(value).__name__} {value!r}",
-                    f"give a value of type {_type_name(ann)}",
+                    f"change it to {_type_name(ann)}",
                 )
             )
     for pname, param in named.items():

@@ -104,6 +104,14 @@ def test_literal_types(monkeypatch, value, ok):
         }
     )
     assert fields(bad) == ["x.n", "x.xs", "x.opts", "x.name"]  # f: an int is a fine float
+    assert [p.hint for p in bad] == [
+        "change it to int or null",
+        "change it to a list of int",
+        "change it to a mapping or null",
+        "change it to str",
+    ]
+    literal = validate({"x": {"_component_": "engine._tb_literal.build", "mode": "avg"}})
+    assert literal and literal[0].hint == "change it to one of 'mean', 'sum'"
     assert (
         validate({"x": {"_component_": "engine._tb_literal.build", "n": None, "xs": [1, 2], "opts": {}}})
         == []
