@@ -34,7 +34,7 @@ from engine.data.messages import (
     TextToMessages,
     apply_column_map,
 )
-from engine.data.mix import ConcatDataset, WeightedMixDataset, build_dataset, mix
+from engine.data.mixes import ConcatDataset, WeightedMixDataset, build_dataset, mix
 from engine.data.packing import PackedDataset
 from engine.data.presets import (
     alpaca_cleaned_dataset,
