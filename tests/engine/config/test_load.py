@@ -242,6 +242,9 @@ def test_dump_round_trips(write_yaml):
             "multi": "line one\nline two",
             "unicode": "héllo",
             "empty": "",
+            "refs": ["${output_dir}/ckpt", "$${literal}", "${lr}"],
+            "tricky": ["a: b", "#not a comment", "- x", "{x}", "[1]", " lead", "trail ", "@at", "`tick"],
+            "keys": {"1": "str key", 2: "int key", "null": None},
         }
     )
     text = dump_config(cfg, header="tunebench run sft --config x\nsecond line")
