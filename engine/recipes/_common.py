@@ -1,0 +1,168 @@
+"""Small helpers the recipes share. Recipes copy-and-modify their training loops; only these
+loop-independent pieces live here: the command line, dtypes, seeding, a resumable batch sampler,
+the SIGTERM flag, and calling a decoder for its hidden states."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.config import ConfigError
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def parse_recipe_args(argv: list[str] | None, *, prog: str) -> tuple[Path, list[str]]:
+    """`--config FILE [key=value ...]` -> `(config path, overrides)`; argparse exits 2 on misuse."""
+    parser = argparse.ArgumentParser(prog=prog, description="Run the recipe on a YAML config.")
+    parser.add_argument("--config", required=True, help="YAML config file (or a built-in name)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, ~key deletes")
+    args = parser.parse_args(argv)
+    return Path(args.config), list(args.overrides)
+
+
+def parse_dtype(name: str, *, field: str = "dtype") -> torch.dtype:
+    """`fp32` / `bf16` (or their long names) -> torch dtype. Raises ConfigError otherwise."""
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise ConfigError(f"{field}: unknown dtype {name!r} — use fp32 or bf16", field=field) from None
+
+
+def pick_device(name: str | None) -> torch.device:
+    """`cpu`, `cuda`, or `auto`/None (CUDA when present). Raises ConfigError for cuda without a GPU."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            "device: cuda requested but no CUDA device is visible — set device=cpu", field="device"
+        )
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise ConfigError(f"device: unknown device {name!r} — use cpu, cuda or auto", field="device")
+    return torch.device(name)
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, torch (CPU + CUDA) and numpy; every rank uses the same seed."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+class EpochBatchSampler:
+    """Batches of dataset indices for one rank, reproducible per `(seed, epoch)`, resumable mid-epoch.
+
+    Every epoch draws one permutation of the whole dataset from `seed + epoch` (the same on every
+    rank), cuts it to a multiple of `world_size * batch_size`, and gives rank `r` the indices
+    `perm[r::world_size]` in batches of `batch_size`. So the global batch `k` (all ranks together)
+    holds the same samples whatever the world size, which is what makes 1 rank with batch 4 and
+    2 ranks with batch 2 the same training run. `skip` drops the first batches of the epoch (resume).
+
+    Args:
+        num_samples (int), batch_size (int, per rank), world_size (int), rank (int), seed (int),
+        shuffle (bool; default True).
+    Raises:
+        ConfigError: the dataset is smaller than one global batch.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        batch_size: int,
+        world_size: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        global_batch = batch_size * world_size
+        if num_samples < global_batch:
+            raise ConfigError(
+                f"batch_size: the dataset has {num_samples} samples, fewer than one global batch "
+                f"({batch_size} x {world_size} ranks) — lower batch_size or use more data",
+                field="batch_size",
+            )
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.world_size, self.rank, self.seed, self.shuffle = world_size, rank, seed, shuffle
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int, *, skip: int = 0) -> None:
+        """Select the epoch's permutation and how many of its batches were already consumed."""
+        self.epoch, self.skip = epoch, skip
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (before `skip`)."""
+        return self.num_samples // (self.batch_size * self.world_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            perm = torch.randperm(self.num_samples, generator=gen)
+        else:
+            perm = torch.arange(self.num_samples)
+        usable = len(self) * self.batch_size * self.world_size
+        mine = perm[:usable][self.rank :: self.world_size].tolist()
+        for b in range(self.skip, len(self)):
+            yield mine[b * self.batch_size : (b + 1) * self.batch_size]
+
+
+class StopFlag:
+    """Set by SIGTERM (from `tunebench stop`) and checked by the loop at each optimizer step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> StopFlag:
+        def _handler(signum, frame):  # noqa: ARG001 - signal handler signature
+            self.requested = True
+
+        signal.signal(signal.SIGTERM, _handler)
+        return self
+
+
+@contextlib.contextmanager
+def returning_hidden(model: nn.Module) -> Iterator[None]:
+    """Within the block, `model(...)` returns `model.forward_hidden(...)` ([B,S,D], final-normed).
+
+    Calling the module (rather than `forward_hidden` directly) keeps FSDP2's and compile's hooks
+    in the path, so a sharded root's parameters are gathered and their gradients reduced; the
+    linear cross-entropy then uses `model.output_weight` without the `[B,S,V]` logits.
+    """
+    model.forward = model.forward_hidden
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A HF-format model folder; the word `demo` means the embedded SmolLM2-135M-Instruct.
+
+    Raises:
+        ConfigError: the folder does not exist or has no config.json.
+    """
+    if str(path) == "demo":
+        from engine.models.demo import demo_model_dir
+
+        return Path(demo_model_dir())
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"checkpoint_dir: {folder} is not a model folder (no config.json) — point it at a Hugging Face "
+            "model folder (tunebench download REPO_ID) or use 'demo'",
+            field="checkpoint_dir",
+        )
+    return folder

@@ -1,0 +1,631 @@
+"""Supervised fine-tuning: full, LoRA/DoRA and QLoRA, one process or many (FSDP2), CPU or CUDA.
+
+    torchrun --nproc_per_node 2 -m engine.recipes.sft --config configs/llama3_2/1B_lora.yaml lr=1e-4
+    python -m engine.recipes.sft --config configs/demo/smollm2_135m_lora.yaml
+
+Everything is driven by the YAML config (keys in `CONFIG_KEYS`). The method follows from the model
+component: a plain builder trains every weight, a `lora_*` builder trains adapters only, and
+`quantize_base: true` (the `qlora_*` presets) keeps the frozen base in NF4.
+
+The loss of an optimizer step is the mean over every non-ignored token of the step, whatever the
+split into ranks and micro-batches: each micro-batch contributes its token-loss SUM, and the
+gradients are scaled once by `world_size / tokens_in_step` before the update (FSDP2 averages over
+ranks). So 2 ranks x batch 2, 1 rank x batch 4 and 1 rank x batch 2 x accumulation 2 are the same run.
+
+Exit codes: 0 finished or stopped by SIGTERM (a checkpoint is written first), 1 loss became NaN/inf
+(`loss is nan at step N` on stderr; the last good checkpoint stays), 2 bad config (one line).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.config import ConfigError, instantiate, load_config
+from engine.recipes._common import (
+    EpochBatchSampler,
+    StopFlag,
+    parse_dtype,
+    parse_recipe_args,
+    pick_device,
+    resolve_model_dir,
+    returning_hidden,
+    set_seed,
+)
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/ (the launcher sets runs/<id>)",
+    "seed": "seed for weights of new parameters, data order and dropout (same on every rank)",
+    "device": "cpu, cuda or auto (cuda when present)",
+    "dtype": "fp32 or bf16 for weights and compute (bf16 halves memory; fp32 is exact on CPU)",
+    "checkpoint_dir": "Hugging Face model folder to start from, 'demo' for the embedded SmolLM2, null for random init",
+    "model": "_component_ model builder (engine.models...); lora_*/qlora_* builders train adapters only",
+    "tokenizer": "_component_ tokenizer (engine.data.tokenizers.load_tokenizer with path)",
+    "dataset": "_component_ dataset, or a list of them (a mix; loss per source is logged)",
+    "validation": "held-out split: {fraction | dataset, every_n_steps, max_batches}; null for none",
+    "batch_size": "samples per micro-batch on each rank",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (memory for batch size; same result)",
+    "epochs": "passes over the training split",
+    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: the whole epoch)",
+    "optimizer": "_component_ optimizer (torch.optim.AdamW, torchao.optim.AdamW8bit, ...); params passed in",
+    "lr_scheduler": "_component_ schedule (engine.training.lr_schedules...); num_training_steps is filled in",
+    "clip_grad_norm": "max global gradient norm (null: no clipping)",
+    "loss": "_component_ loss: LinearCrossEntropyLoss (no [B,S,V] logits) or ChunkedCrossEntropyLoss",
+    "optimizer_in_bwd": "step each parameter in backward, never holding all gradients (no accumulation/clipping)",
+    "enable_activation_checkpointing": "recompute block activations in backward (less memory, ~30% slower)",
+    "ac_every_k": "checkpoint every k-th block only (1 = every block)",
+    "enable_activation_offloading": "move saved activations to host memory (CUDA only)",
+    "compile": "torch.compile each block (faster steps after a one-off compile)",
+    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2)",
+    "tensor_parallel_dim": "tensor-parallel degree inside the FSDP mesh (1: none)",
+    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "save_merged_model": "LoRA: also write the merged full model (transformers loads it) at the end",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that checkpoint",
+    "num_workers": "data-loader worker processes (0: load in the training process)",
+    "shuffle": "shuffle the training split each epoch (seeded)",
+    "log_every_n_steps": "print a line every N steps when no tracker run is attached",
+    "allowed_components": "extra module prefixes allowed in _component_ (see the Config section)",
+}
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+class LossIsNaN(RuntimeError):
+    """The step's loss is not finite: the run stops as failed, keeping the last good checkpoint."""
+
+
+class SFTRecipe:
+    """Supervised fine-tuning, one class: `setup(cfg)`, `train()`, `save_checkpoint()`, `cleanup()`.
+
+    Args:
+        cfg (dict): the resolved config (`engine.config.load_config`).
+    Raises:
+        ConfigError: any config value that cannot work, with the field and what to change.
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.dist_info = dist_info
+        self.rank, self.world_size = _rank_world()
+        self.device = pick_device(cfg.get("device"))
+        if dist_info is not None and self.device.type == "cuda":
+            self.device = dist_info.device  # one GPU per local rank
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/sft")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.max_steps_per_epoch = cfg.get("max_steps_per_epoch")
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.optimizer_in_bwd = bool(cfg.get("optimizer_in_bwd", False))
+        self.save_every = cfg.get("save_every_n_steps")
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        self.log_every = int(cfg.get("log_every_n_steps", 1))
+        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
+                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
+            if value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
+        if self.optimizer_in_bwd:
+            from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
+
+            check_optimizer_in_backward_allowed(
+                gradient_accumulation_steps=self.accum, clip_grad_norm=self.clip_grad_norm
+            )
+        self.global_step = 0
+        self.epoch = 0
+        self.batches_in_epoch = 0  # micro-batches of `self.epoch` already consumed
+        self.tokens_total = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.loss_history: list[float] = []  # rank 0's step losses of this process (tests, benchmarks)
+
+    # ------------------------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        """Build everything, in dependency order, then restore a checkpoint when resuming."""
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        # The model first: the optimizer needs its (sharded) trainable parameters, and the loss
+        # needs to know whether it projects hidden states itself (linear CE) or gets logits.
+        self.model = self._setup_model()
+        # The tokenizer next: datasets tokenize with it and the collate pads with its pad id.
+        self.tokenizer = self._setup_tokenizer()
+        # The data before the optimizer: the LR schedule needs the number of steps per epoch.
+        self._setup_data()
+        self.optimizer, self.lr_scheduler = self._setup_optimizer()
+        self.loss_fn = self._setup_loss()
+        # Resume last: it fills model, optimizer, scheduler, RNG and data position in place.
+        self._maybe_resume()
+        self.stop.install()
+
+    def _setup_model(self) -> nn.Module:
+        """Build the model, load the starting weights, choose trainable parameters, parallelize.
+
+        One process: the model is built and loaded directly. Several: every rank builds it on `meta`
+        (no memory), `parallelize` shards it, and the sharded parameters are filled from the full
+        weights that rank 0 alone builds (`materialize_model` broadcasts them).
+        """
+        from engine.modules.peft.utils import get_adapter_params, set_trainable_params
+        from engine.training import materialize_model, parallelize
+
+        cfg = self.cfg
+        ckpt = cfg.get("checkpoint_dir")
+        self.model_dir = resolve_model_dir(ckpt) if ckpt is not None else None
+        if self.world_size > 1:
+            with torch.device("meta"):
+                model = instantiate(cfg["model"])
+        else:
+            model = self._build_initialised_model()
+        adapters = get_adapter_params(model)
+        self.is_lora = bool(adapters)
+        if self.is_lora:
+            set_trainable_params(model, adapters.keys())
+        if self.world_size > 1 and any(getattr(m, "quantize_base", False) for m in model.modules()):
+            raise ConfigError(
+                "model.quantize_base: QLoRA (NF4 base) runs on one process here; FSDP2 shards plain "
+                "weights — use a lora_* builder with FSDP, or run QLoRA with --nproc_per_node 1",
+                field="model.quantize_base",
+            )
+        ac = bool(cfg.get("enable_activation_checkpointing", False))
+        every_k = int(cfg.get("ac_every_k", 1))
+        fsdp_cfg = dict(cfg.get("fsdp") or {})
+        tp = int(cfg.get("tensor_parallel_dim", 1))
+        model = parallelize(
+            model,
+            world_mesh=self._mesh(tp),
+            tp=tp,
+            activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
+            compile=bool(cfg.get("compile", False)),
+            fsdp=self.world_size > 1,
+            reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
+            cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
+        )
+        if self.world_size > 1:
+            full = self._build_initialised_model().state_dict() if self.rank == 0 else {}
+            materialize_model(model, device=self.device, state_dict=full, broadcast_from_rank0=True)
+            del full
+        else:
+            model.to(device=self.device)
+        self.activation_offloading = bool(cfg.get("enable_activation_offloading", False))
+        if self.activation_offloading and self.device.type != "cuda":
+            raise ConfigError(
+                "enable_activation_offloading: needs a CUDA device (it moves activations to host memory) "
+                "— set it to false on CPU",
+                field="enable_activation_offloading",
+            )
+        return model
+
+    def _build_initialised_model(self) -> nn.Module:
+        """The full model on CPU with its starting weights (`checkpoint_dir`, or a seeded random init)."""
+        torch.manual_seed(self.seed)
+        if self.model_dir is None:
+            return instantiate(self.cfg["model"]).to(dtype=self.dtype)
+        from engine.checkpoint import load_hf_weights
+
+        with torch.device("meta"):
+            model = instantiate(self.cfg["model"])
+        # Loading also materialises what the folder lacks: LoRA adapters (seeded above), NF4 bases.
+        return load_hf_weights(model, self.model_dir, dtype=self.dtype)
+
+    def _mesh(self, tp: int):
+        if self.world_size == 1:
+            return None
+        from engine.training import build_world_mesh
+
+        return build_world_mesh(self.dist_info, tp=tp)
+
+    def _setup_tokenizer(self):
+        node = self.cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError(
+                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+            )
+        return instantiate(node)
+
+    def _setup_data(self) -> None:
+        """Training split, optional held-out split, the resumable sampler and the loaders."""
+        from engine.data import build_dataset
+
+        cfg = self.cfg
+        dataset = build_dataset(cfg["dataset"], self.tokenizer)
+        self.source_names = list(getattr(dataset, "source_names", None) or [])
+        val_cfg = cfg.get("validation") or None
+        self.val_loader = None
+        self.val_every = None
+        if val_cfg:
+            self.val_every = int(val_cfg.get("every_n_steps", 50))
+            self.val_max_batches = val_cfg.get("max_batches")
+            if val_cfg.get("dataset") is not None:
+                val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
+            else:
+                dataset, val_set = _holdout(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
+            self.val_loader = self._loader(val_set, shuffle=False)
+        self.train_set = dataset
+        self.loader = self._loader(dataset, shuffle=bool(cfg.get("shuffle", True)))
+        self.sampler = self.loader.batch_sampler
+        per_epoch = len(self.sampler) // self.accum
+        if per_epoch < 1:
+            raise ConfigError(
+                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of "
+                f"{len(self.sampler)} — lower it or the batch size",
+                field="gradient_accumulation_steps",
+            )
+        if self.max_steps_per_epoch is not None:
+            per_epoch = min(per_epoch, int(self.max_steps_per_epoch))
+        self.steps_per_epoch = per_epoch
+        self.total_steps = per_epoch * self.epochs
+
+    def _loader(self, dataset: Dataset, *, shuffle: bool) -> DataLoader:
+        sampler = EpochBatchSampler(
+            len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
+            seed=self.seed, shuffle=shuffle,
+        )  # fmt: skip
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
+            num_workers=int(self.cfg.get("num_workers", 0)),
+        )
+
+    def _setup_optimizer(self):
+        cfg = self.cfg
+        if "optimizer" not in cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 2e-5}", field="optimizer"
+            )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError(
+                "model: nothing to train (no parameter requires grad) — check the model component",
+                field="model",
+            )
+        if self.optimizer_in_bwd:
+            from engine.training.optimizer_in_backward import setup_optimizer_in_backward
+
+            optimizer = setup_optimizer_in_backward(self.model, cfg["optimizer"])
+        else:
+            optimizer = instantiate(cfg["optimizer"], params)
+        scheduler = None
+        if cfg.get("lr_scheduler") is not None:
+            scheduler = instantiate(cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
+        return optimizer, scheduler
+
+    def _setup_loss(self) -> nn.Module:
+        from engine.modules.loss import LinearCrossEntropyLoss
+
+        node = self.cfg.get("loss") or {"_component_": "engine.modules.loss.LinearCrossEntropyLoss"}
+        self.linear_ce = str(node.get("_component_", "")).endswith("LinearCrossEntropyLoss")
+        # Token-loss SUMS per micro-batch; the step divides by its token count (see module docstring).
+        loss = instantiate(node, reduction="sum" if self.linear_ce else "none")
+        self.linear_ce = isinstance(loss, LinearCrossEntropyLoss)
+        return loss
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.get("resume", False)
+        if resume in (False, None, "false"):
+            return
+        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
+        if path is None:
+            return  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.global_step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.tokens_total = int(state.get("tokens_total", 0))
+        run_id = os.environ.get("TUNEBENCH_RUN_ID")
+        if run_id and self.rank == 0:
+            # The launcher does this too; doing it here keeps a hand-resumed run's rows unique.
+            from engine.tracking import truncate_metrics_after
+
+            truncate_metrics_after(run_id, self.global_step)
+        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
+
+    # ------------------------------------------------------------------------------------ training
+    def _token_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(sum of token losses [] fp32, per-token losses [B,S] detached or None)` of one micro-batch."""
+        kwargs = {"position_ids": batch.get("position_ids"), "document_ids": batch.get("document_ids")}
+        labels = batch["labels"]  # [B,S], already shifted
+        want_per_token = len(self.source_names) > 1
+        if self.linear_ce:
+            with returning_hidden(self.model):
+                hidden = self.model(batch["tokens"], **kwargs)  # [B,S,D]
+            out = self.loss_fn(hidden, self.model.output_weight, labels, return_per_token=want_per_token)
+            return out if want_per_token else (out, None)
+        logits = self.model(batch["tokens"], **kwargs)  # [B,S,V]
+        per_token = self.loss_fn(logits, labels)  # [B,S] fp32, 0 where ignored
+        return per_token.sum(), per_token.detach()
+
+    def _to_device(self, batch: dict) -> dict[str, torch.Tensor]:
+        return {
+            k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+        }
+
+    def _scale_grads(self, factor: float) -> None:
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+
+        reset_peak_memory(self.device)
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        self.model.train()
+        n_sources = max(1, len(self.source_names))
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            if hasattr(self.train_set, "set_epoch"):
+                self.train_set.set_epoch(self.epoch)  # weighted mixes redraw their samples per epoch
+            step_in_epoch = self.batches_in_epoch // self.accum
+            # On the device, read once per step: [loss sum, loss tokens, tokens, (loss sum, tokens) per source]
+            stats = torch.zeros(3 + 2 * n_sources, dtype=torch.float64, device=self.device)
+            t0 = time.perf_counter()
+            for batch in self.loader:
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                batch = self._to_device(batch)
+                labels = batch["labels"]
+                loss_tokens = (labels != -100).sum()
+                if self.optimizer_in_bwd:
+                    # The update happens inside backward, so the step's normaliser is needed first.
+                    step_tokens = _all_reduce_sum(loss_tokens.detach().double().clone())
+                loss_sum, per_token = self._token_losses(batch)
+                if self.optimizer_in_bwd:
+                    (loss_sum * (self.world_size / step_tokens.clamp(min=1).item())).backward()
+                else:
+                    loss_sum.backward()
+                stats[0] += loss_sum.detach().double()
+                stats[1] += loss_tokens
+                sources = batch.get("source_ids")
+                stats[2] += (sources >= 0).sum() if sources is not None else batch["tokens"].numel()
+                if per_token is not None and sources is not None:
+                    for s in range(n_sources):
+                        sel = (sources == s) & (labels != -100)
+                        stats[3 + 2 * s] += per_token[sel].double().sum()
+                        stats[4 + 2 * s] += sel.sum()
+                self.batches_in_epoch += 1
+                if self.batches_in_epoch % self.accum:
+                    continue
+
+                # ---- one optimizer step -------------------------------------------------------
+                _all_reduce_sum(stats)
+                totals = stats.tolist()  # the step's one host sync
+                step_loss = totals[0] / max(totals[1], 1.0)
+                if not math.isfinite(step_loss):
+                    raise LossIsNaN(
+                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
+                    )
+                grad_norm = None
+                if not self.optimizer_in_bwd:
+                    self._scale_grads(self.world_size / max(totals[1], 1.0))
+                    grad_norm = clip_grad_norm(
+                        self.model.parameters(),
+                        float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
+                    )
+                self.optimizer.step()  # a no-op with optimizer_in_bwd: the updates ran in backward
+                self.optimizer.zero_grad(set_to_none=True)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.global_step += 1
+                step_in_epoch += 1
+                elapsed = time.perf_counter() - t0
+                self.tokens_total += int(totals[2])
+                metrics = {
+                    "loss": step_loss,
+                    "lr": float(lr),
+                    "tokens_per_sec": totals[2] / max(elapsed, 1e-9),
+                    "tokens_total": self.tokens_total,
+                    "epoch": self.epoch,
+                }
+                if grad_norm is not None:
+                    metrics["grad_norm"] = float(
+                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                    )
+                if n_sources > 1:
+                    for s, name in enumerate(self.source_names):
+                        if totals[4 + 2 * s] > 0:
+                            metrics[f"loss/{name}"] = totals[3 + 2 * s] / totals[4 + 2 * s]
+                memory = memory_stats(self.device)  # every rank's own figures, under its rank
+                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                self.loss_history.append(step_loss)
+                log.set_progress(self.global_step, self.total_steps)
+                stats.zero_()
+
+                if self.val_every and self.global_step % self.val_every == 0:
+                    self.validate()
+                if step_in_epoch >= self.steps_per_epoch:
+                    break  # the epoch-end checkpoint below covers this step
+                stop = self._stop_requested()
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+                t0 = time.perf_counter()
+            # ---- epoch end ----------------------------------------------------------------------
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self._stop_requested():
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        if self.cfg.get("save_merged_model") and self.is_lora:
+            self._save_merged()
+        return 0
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0])
+        return bool(_all_reduce_sum(flag).item() > 0)
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Mean token loss over the held-out split (or its first `max_batches`), logged as `val_loss`."""
+        self.model.eval()
+        totals = torch.zeros(2, dtype=torch.float64)
+        self.val_loader.batch_sampler.set_epoch(0)
+        for i, batch in enumerate(self.val_loader):
+            if self.val_max_batches is not None and i >= int(self.val_max_batches):
+                break
+            batch = self._to_device(batch)
+            loss_sum, _ = self._token_losses(batch)
+            totals[0] += loss_sum.double().cpu()
+            totals[1] += (batch["labels"] != -100).sum().item()
+        _all_reduce_sum(totals)
+        self.model.train()
+        val = (totals[0] / totals[1].clamp(min=1)).item()
+        if self.rank == 0:
+            self.logger.log(self.global_step, {"val_loss": val})
+        return val
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Write `output_dir/checkpoints/step_<N>/` (model or adapters + recipe state), atomically."""
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "tokens_total": self.tokens_total,
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir,
+            self.global_step,
+            model=self.model,
+            optimizer=self.optimizer,
+            recipe_state=state,
+            keep_last=self.keep_last,
+            write_model=self._write_model,
+        )
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def _unsharded_model(self) -> nn.Module:
+        """A plain module holding the full weights, for export: the model itself on one process;
+        on several, a `meta`-built copy filled (on rank 0) from the gathered state (a collective)."""
+        if self.world_size == 1:
+            return self.model
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank != 0:
+            return None
+        with torch.device("meta"):
+            shell = instantiate(self.cfg["model"])
+        shell.load_state_dict(full, strict=False, assign=True)
+        return shell
+
+    def _export_dtype(self) -> torch.dtype | None:
+        return None if self.model_dir is not None else self.dtype
+
+    def _write_model(self, folder: Path) -> None:
+        """`model/`: PEFT adapters for LoRA runs, a Hugging Face model folder for full fine-tuning."""
+        from engine.checkpoint import save_pretrained
+        from engine.checkpoint.peft import save_adapters
+
+        model = self._unsharded_model()
+        if self.rank != 0:
+            return
+        if self.is_lora:
+            save_adapters(model, folder, base_model_dir=self.model_dir)
+        else:
+            save_pretrained(model, folder, like=self.model_dir, dtype=self._export_dtype())
+
+    def _save_merged(self) -> None:
+        """`output_dir/merged/`: adapters folded into the base, a Hugging Face folder."""
+        from engine.checkpoint.peft import save_merged_model
+
+        model = self._unsharded_model()
+        if self.rank == 0:
+            save_merged_model(
+                model, self.output_dir / "merged", like=self.model_dir, dtype=self._export_dtype()
+            )
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def _collate_for(dataset: Dataset, *, pad_id: int):
+    """`packed_collate` for packed samples (they carry `document_ids`), else `padded_collate`."""
+    from engine.data.collate import packed_collate, padded_collate
+
+    if len(dataset) and "document_ids" in dataset[0]:
+        return packed_collate
+    return partial(padded_collate, pad_id=pad_id)
+
+
+def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """A seeded split: `fraction` of the samples (at least one) become the held-out set."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(
+            f"validation.fraction: must be between 0 and 1, got {fraction}", field="validation.fraction"
+        )
+    n = len(dataset)
+    n_val = max(1, int(round(n * fraction)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    train, val = Subset(dataset, sorted(perm[n_val:])), Subset(dataset, sorted(perm[:n_val]))
+    names = getattr(dataset, "source_names", None)
+    if names:
+        train.source_names = val.source_names = names
+    return train, val
+
+
+def recipe_main(argv: list[str] | None = None) -> int:
+    """Entry point: parse `--config FILE [overrides]`, run, and end every rank with its exit code."""
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.sft")
+    code = 0
+    recipe = None
+    try:
+        cfg = load_config(config_path, overrides)
+        info = init_distributed()
+        recipe = SFTRecipe(cfg, dist_info=info)
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"sft: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        if recipe is not None and recipe.logger is not None:
+            recipe.logger.event(recipe.global_step + 1, "nan", str(exc))
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    recipe_main()
