@@ -179,4 +179,9 @@ class Resolver:
 
 def resolve_interpolations(cfg: dict) -> dict:
     """A copy of `cfg` with every `${...}` resolved. Raises ConfigError naming the field."""
-    return Resolver(cfg).resolve()
+    try:
+        return Resolver(cfg).resolve()
+    except RecursionError:
+        raise ConfigError(
+            "<config>: nested or chained too deeply to resolve — flatten the config or shorten the chain of references"
+        ) from None

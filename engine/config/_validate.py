@@ -273,7 +273,10 @@ def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
             )
         ]
     errors: list[ConfigError] = []
-    resolved = Resolver(cfg, errors=errors).resolve()
+    try:
+        resolved = Resolver(cfg, errors=errors).resolve()
+    except RecursionError:
+        return [ConfigProblem("<config>", "nested or chained too deeply to resolve", "flatten the config")]
     out.extend(problem_from_error(e) for e in errors)
     try:
         prefixes = config_prefixes(resolved)

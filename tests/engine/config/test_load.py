@@ -12,6 +12,7 @@ from engine.config import (
     load_config_from_argv,
     parse_overrides,
     parse_yaml,
+    resolve_interpolations,
     split_config_argv,
 )
 
@@ -279,3 +280,11 @@ def test_load_config_from_argv(write_yaml):
 def test_split_config_argv_errors(argv, pattern):
     with pytest.raises(ConfigError, match=pattern):
         split_config_argv(argv)
+
+
+def test_absurdly_deep_chain_is_a_config_error():
+    cfg = {f"k{i}": f"${{k{i + 1}}}" for i in range(3000)}
+    cfg["k3000"] = 1
+    with pytest.raises(ConfigError, match=r"too deeply"):
+        resolve_interpolations(cfg)
+    assert resolve_interpolations({f"k{i}": f"${{k{i + 1}}}" for i in range(50)} | {"k50": 1})["k0"] == 1
