@@ -197,11 +197,13 @@ def stop(run_id: str, *, grace_s: float = 30.0, wait_s: float = 15.0) -> RunReco
             return run
         pgid = run.pgid
     if pgid is not None:
+        workers = run_workers(run.id)  # torchrun forwards SIGTERM to them; SIGKILL must reach them too
         _killpg(pgid, signal.SIGTERM)
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while (_group_alive(pgid) or _any_alive(workers)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _group_alive(pgid):
-            _killpg(pgid, signal.SIGKILL)
+        _killpg(pgid, signal.SIGKILL)
+        for proc in workers:
+            _kill(proc)
     return wait(run.id, timeout=wait_s)
 
 
@@ -291,6 +293,8 @@ def reconcile_lost() -> list[str]:
                 continue
             if run.pgid is not None and _group_alive(run.pgid):
                 continue
+            if run_workers(run.id):  # torchrun starts each worker in a session of its own
+                continue
             with write_tx(db):  # conditional: the supervisor may have recorded the end meanwhile
                 changed = db.execute(
                     "UPDATE runs SET status = 'failed', ended_at = ?, error = ? "
@@ -302,6 +306,45 @@ def reconcile_lost() -> list[str]:
             add_event(run.id, run.step, "end", "failed (process lost)", db=db)
             lost.append(run.id)
     return lost
+
+
+def run_workers(run_id: str) -> list:
+    """The live processes started for a run (their environment holds `TUNEBENCH_RUN_ID=<id>`): torchrun
+    and its workers, which torchrun places in sessions of their own. Returns `psutil.Process` objects."""
+    import psutil
+
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get("TUNEBENCH_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _any_alive(procs: list) -> bool:
+    import psutil
+
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _kill(proc) -> None:
+    import psutil
+
+    try:
+        proc.kill()  # psutil checks the pid still names the same process
+    except psutil.Error:
+        pass
 
 
 def _create_time(pid: int) -> float | None:

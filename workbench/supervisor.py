@@ -148,7 +148,11 @@ def supervise(run_id: str, extra: list[str]) -> int:
                     break
                 except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                     continue
-            _signal_group(child.pid, signal.SIGKILL)  # workers orphaned by a crashed torchrun
+            _signal_group(child.pid, signal.SIGKILL)
+            from workbench.launcher import _kill, run_workers
+
+            for proc in run_workers(run.id):  # workers orphaned by a crashed torchrun (own sessions)
+                _kill(proc)
         tail = read_tail(log_path)
         code = worker_exit_code(tail, rc)
         final = get_run(run.id, db=db)

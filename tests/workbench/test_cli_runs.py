@@ -1,0 +1,134 @@
+"""The run commands end to end: `tunebench run/runs/show/compare/export/clone/stop` through
+`workbench.cli.main`, with real detached runs of the least-squares test recipe."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.tracking import open_db, readers
+from workbench.cli import main
+
+RECIPES = Path(__file__).resolve().parent / "recipes_for_tests"
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def cfg(tunebench_home, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(RECIPES), os.environ.get("PYTHONPATH", "")]))
+    path = tmp_path / "lsq.yaml"
+    path.write_text("# tunebench run lsq --config lsq.yaml\nsteps: 25\nlr: 0.05\nseed: 3\n")
+    return path
+
+
+def _json(capsys, argv):
+    capsys.readouterr()
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_run_follow_export_rerun_reproduces_and_compare(cfg, capsys, tmp_path):
+    assert (
+        main(["run", "lsq", "--module", "lsq_recipe", "--config", str(cfg), "lr=0.04", "--name", "first"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "run first completed (exit code 0)" in err and "25/25" in err
+
+    shown = _json(capsys, ["show", "first", "--json"])
+    assert shown["run"]["status"] == "completed" and shown["run"]["exit_code"] == 0
+    assert shown["metrics"]["loss"]["steps"] == list(range(1, 26))
+    assert shown["metrics"]["mem_peak_gb"]["per_rank"]["0"]["steps"][-1] == 25
+    assert "lr: 0.04" in shown["config"] and shown["eval_results"] == []
+    assert [e["kind"] for e in shown["events"]][-1] == "end"
+
+    out = tmp_path / "first.yaml"
+    assert main(["export", "first", "-o", str(out)]) == 0
+    # the exported YAML, run headless, reproduces the loss curve
+    assert main(["run", "lsq", "--module", "lsq_recipe", "--config", str(out), "--name", "again"]) == 0
+    again = _json(capsys, ["show", "again", "--json"])
+    assert again["metrics"]["loss"]["values"] == shown["metrics"]["loss"]["values"]
+
+    assert main(["clone", "first", "lr=0.01", "--name", "slower", "--detach"]) == 0
+    assert main(["show", "slower", "--follow"]) == 0  # re-attach until it ends
+    cmp_ = _json(capsys, ["compare", "first", "again", "slower", "--json"])
+    assert cmp_["config_diff"] == {"lr": [0.04, 0.04, 0.01]}
+    assert [r["name"] for r in cmp_["runs"]] == ["first", "again", "slower"]
+    assert cmp_["runs"][2]["parent_id"] == cmp_["runs"][0]["id"]
+
+    listed = _json(capsys, ["runs", "--json"])
+    assert {r["name"] for r in listed} == {"first", "again", "slower"}
+    assert all(r["last_loss"] is not None and r["tokens_per_sec_median"] > 0 for r in listed)
+    assert main(["runs"]) == 0 and "slower" in capsys.readouterr().out
+    assert main(["compare", "first", "slower"]) == 0
+    text = capsys.readouterr().out
+    assert "config differences:" in text and "0.01" in text
+    assert main(["show", "first"]) == 0 and "METRIC" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_and_exit_2(cfg, capsys, tmp_path):
+    cases = [
+        ["show", "nope"],
+        ["run", "lsq", "--module", "lsq_recipe", "--config", str(tmp_path / "missing.yaml")],
+        ["run", "lsq", "--module", "lsq_recipe"],
+        ["export", "nope", "-o", str(tmp_path / "x.yaml")],
+        ["compare", "a"],
+    ]
+    for argv in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tunebench: ") and "\n" not in err and "Traceback" not in err, err
+    with open_db() as db:
+        assert readers.list_runs(db=db) == []  # nothing registered by the failed commands
+
+
+def test_exit_code_of_a_failed_run_and_stop_command(cfg, capsys):
+    assert main(["run", "lsq", "--module", "lsq_recipe", "--config", str(cfg), "lr=9", "steps=300"]) == 1
+    assert "loss is nan at step" in capsys.readouterr().err
+    assert main(["run", "lsq", "--module", "lsq_recipe", "--config", str(cfg), "steps=2000", "step_delay_s=0.05",
+                 "--name", "long", "--detach"]) == 0  # fmt: skip
+    with open_db() as db:
+        run_id = readers.get_run("long", db=db).id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open_db() as db:
+            if readers.get_run(run_id, db=db).step >= 3:
+                break
+        time.sleep(0.1)
+    capsys.readouterr()
+    assert main(["stop", "long"]) == 0
+    assert "stopped" in capsys.readouterr().out
+    assert main(["stop", "long"]) == 2
+
+
+def test_ctrl_c_without_a_terminal_detaches_and_the_run_goes_on(cfg, tunebench_home):
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "workbench.cli", "run", "lsq", "--module", "lsq_recipe", "--config", str(cfg),
+           "steps=60", "step_delay_s=0.05", "--name", "bg"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    step = 0
+    while time.monotonic() < deadline and step < 3:
+        time.sleep(0.2)
+        if (tunebench_home / "tunebench.db").exists():
+            with open_db() as db:
+                runs = readers.list_runs(db=db)
+                step = runs[0].step if runs else 0
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "detached; the run goes on" in err
+    with open_db() as db:
+        assert readers.get_run("bg", db=db).status == "running"
+    assert main(["show", "bg", "--follow"]) == 0
+    with open_db() as db:
+        done = readers.get_run("bg", db=db)
+    assert (done.status, done.step) == ("completed", 60)
