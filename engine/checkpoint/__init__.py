@@ -2,5 +2,6 @@
 
 from engine.checkpoint.errors import CheckpointError
 from engine.checkpoint.hf_safetensors import load_hf_weights, save_pretrained
+from engine.checkpoint.meta_format import load_meta, save_meta
 
-__all__ = ["CheckpointError", "load_hf_weights", "save_pretrained"]
+__all__ = ["CheckpointError", "load_hf_weights", "load_meta", "save_meta", "save_pretrained"]
