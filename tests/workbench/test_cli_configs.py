@@ -113,3 +113,12 @@ def test_cp_copies_refuses_overwrite_and_forces(configs_dir, tmp_path, capsys):
 def test_cp_into_missing_folder(configs_dir, tmp_path, capsys):
     assert main(["cp", "fam/1B_dpo", str(tmp_path / "no" / "x.yaml")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_validate_recipe_flag_anywhere_after_config(configs_dir, capsys):
+    assert main(["validate", "other/plain", "--recipe", "toyrecipe", "y=2", "~x"]) == 2
+    assert capsys.readouterr().out.startswith("y: unknown top-level key")
+    assert main(["validate", "other/plain", "~x", "--recipe=toyrecipe"]) == 0
+    capsys.readouterr()
+    assert main(["validate", "other/plain", "x=2", "--fast"]) == 2
+    assert "--fast: unknown option" in capsys.readouterr().err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from workbench.errors import UserError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -16,20 +18,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check a config (and overrides) and report every problem at once",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    p.add_argument("config", metavar="CONFIG", help="a YAML file or a built-in name (see `tunebench ls`)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides: key=value, a.b=value, ~key")
     p.add_argument(
         "--recipe", default=None, help="recipe whose top-level keys apply (default: the launch line)"
     )
+    p.add_argument("config", metavar="CONFIG", help="a YAML file or a built-in name (see `tunebench ls`)")
+    # REMAINDER so that overrides and --recipe may come in any order after CONFIG (see _split_recipe).
+    p.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        metavar="key=value",
+        help="overrides: key=value, a.b=value, ~key",
+    )
     p.set_defaults(func=run)
+
+
+def _split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """Take `--recipe NAME` / `--recipe=NAME` out of the overrides; any other `--flag` is an error."""
+    recipe, overrides = args.recipe, []
+    it = iter(args.overrides)
+    for arg in it:
+        if arg == "--recipe" or arg.startswith("--recipe="):
+            value = arg.split("=", 1)[1] if "=" in arg else next(it, "")
+            if not value:
+                raise UserError("--recipe: no name after it — write --recipe sft (or dpo, kd, grpo, ...)")
+            recipe = value
+        elif arg.startswith("--"):
+            raise UserError(
+                f"{arg}: unknown option — write tunebench validate CONFIG [key=value ...] [--recipe NAME]"
+            )
+        else:
+            overrides.append(arg)
+    return recipe, overrides
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.config import find_config
     from engine.config._validate import validate_file
 
+    recipe, overrides = _split_recipe(args)
     path = find_config(args.config)
-    problems, recipe = validate_file(path, args.overrides, recipe=args.recipe)
+    problems, recipe = validate_file(path, overrides, recipe=recipe)
     for problem in problems:
         print(problem)
     if problems:
