@@ -63,6 +63,20 @@ class ConcatDataset(Dataset):
             names_all += [names[k]] if names is not None and len(_names(d, k)) == 1 else _names(d, k)
         self.source_names = _unique(names_all)
         self.pad_id = getattr(self.parts[0], "pad_id", 0)
+        # Packed and unpacked parts cannot share a batch: packs are fixed-length and carry document ids.
+        kinds = {
+            (
+                bool(getattr(d, "packed", False)),
+                getattr(d, "max_seq_len", None) if getattr(d, "packed", False) else None,
+            )
+            for d in self.parts
+        }
+        if len(kinds) > 1:
+            raise DataError(
+                "dataset: parts mix packed and unpacked data (or packs of different max_seq_len); "
+                "set the same packed and max_seq_len on every part"
+            )
+        self.packed, self.max_seq_len = next(iter(kinds))
 
     def __len__(self) -> int:
         return self._offsets[-1]
@@ -109,6 +123,7 @@ class WeightedMixDataset(Dataset):
         self.parts = self._concat.parts
         self.source_names = self._concat.source_names
         self.pad_id = self._concat.pad_id
+        self.packed, self.max_seq_len = self._concat.packed, self._concat.max_seq_len
         self.weights = (w / w.sum()).tolist()
         self.num_samples = int(num_samples) if num_samples is not None else len(self._concat)
         if self.num_samples <= 0:

@@ -36,6 +36,8 @@ class PackedDataset(Dataset):
     Packing reads every sample once, up front.
     """
 
+    packed = True
+
     def __init__(self, ds, max_seq_len: int, split_across_pack: bool = False, pad_id: int | None = None):
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise DataError(f"max_seq_len: packing needs an integer >= 2, got {max_seq_len!r}")

@@ -214,3 +214,46 @@ def test_cache_reuses_and_invalidates(tok, tmp_path, monkeypatch):
     assert len(c[0]["tokens"]) > len(a[0]["tokens"]) and len(list(data_cache.cache_dir().glob("*.npz"))) == 2
     d = instruct_dataset(t, source=str(src), train_on_input=True)  # settings are part of the key
     assert d[0]["labels"] != c[0]["labels"]
+
+
+def test_presets_with_local_sources(tok, data_dir, tmp_path):
+    from engine.data import alpaca_cleaned_dataset, slimorca_dataset, wikitext_dataset
+
+    t = tok("qwen3")
+    a = alpaca_cleaned_dataset(t, source=str(data_dir / "alpaca_data_cleaned_1000.json"), split="train[:10]")
+    assert (
+        len(a) == 10 and a.source_names == ["alpaca_cleaned"] and a[0]["labels"][0] != -100
+    )  # trains on input
+    s = slimorca_dataset(t, source=str(data_dir / "dummy_conversation.json"), split="train[:5]")
+    assert len(s) == 5 and s.source_names == ["slimorca"]
+    w = wikitext_dataset(
+        t,
+        source=str(data_dir / "tinyshakespeare_input.txt"),
+        split="train[:200]",
+        packed=True,
+        max_seq_len=128,
+    )
+    assert w.packed and len(w[0]["tokens"]) == 128 and w.efficiency > 0.8
+    # a folder of files is one source
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for k in range(2):
+        (folder / f"p{k}.jsonl").write_text(
+            "\n".join(json.dumps({"input": f"q{k}{i}", "output": "a"}) for i in range(3))
+        )
+    assert len(instruct_dataset(t, source=str(folder))) == 6
+
+
+def test_yaml_prompt_template_node(tok, tmp_path):
+    from engine.config import instantiate
+
+    node = {
+        "_component_": "engine.data.instruct_dataset",
+        "source": [{"q": "2+2?", "a": "4"}],
+        "template": {"_component_": "engine.data.PromptTemplate", "template": "Q: {q}\nA:"},
+        "column_map": {"output": "a"},
+        "chat_format": "engine.data.ChatMLFormat",
+    }
+    ds = instantiate(node, tokenizer=tok("qwen3"))
+    text = tok("qwen3").decode(ds[0]["tokens"], skip_special_tokens=False)
+    assert text == "<|im_start|>user\nQ: 2+2?\nA:<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"

@@ -31,7 +31,11 @@ dataset:
 @pytest.fixture
 def samsum_standin(tmp_path):
     rows = [
-        {"id": str(i), "dialogue": f"Ann: shall we meet at {i}?\nBob: yes, at {i} sharp.", "summary": f"They meet at {i}."}
+        {
+            "id": str(i),
+            "dialogue": f"Ann: shall we meet at {i}?\nBob: yes, at {i} sharp.",
+            "summary": f"They meet at {i}.",
+        }
         for i in range(1, 13)
     ]
     f = tmp_path / "samsum_train.jsonl"
@@ -47,9 +51,14 @@ def test_issue_yaml_mix_parses_validates_builds(tok, data_dir, tmp_path, samsum_
     assert validate(cfg) == []
     t = tok("qwen3")
     ds = build_dataset(cfg["dataset"], t)
-    part_a = instruct_dataset(t, source=str(alpaca), template="engine.data.AlpacaInstructTemplate", train_on_input=True)
+    part_a = instruct_dataset(
+        t, source=str(alpaca), template="engine.data.AlpacaInstructTemplate", train_on_input=True
+    )
     part_b = instruct_dataset(
-        t, source=str(samsum_standin), template="engine.data.SummarizeTemplate", column_map={"output": "summary"}
+        t,
+        source=str(samsum_standin),
+        template="engine.data.SummarizeTemplate",
+        column_map={"output": "summary"},
     )
     assert isinstance(ds, ConcatDataset)
     assert len(ds) == len(part_a) + len(part_b) == 1000 + 12
@@ -125,4 +134,20 @@ def test_mix_errors(tok):
     with pytest.raises(DataError, match="non-negative"):
         mix(datasets=[a], weights=[-1])
     with pytest.raises(DataError, match="needs one weight"):
-        build_dataset({"_component_": "engine.data.mix", "datasets": [{"_component_": "engine.data.instruct_dataset", "source": _rows("x", 2)}]}, tok("qwen3"))
+        build_dataset(
+            {
+                "_component_": "engine.data.mix",
+                "datasets": [{"_component_": "engine.data.instruct_dataset", "source": _rows("x", 2)}],
+            },
+            tok("qwen3"),
+        )
+
+
+def test_parts_must_agree_on_packing(tok):
+    t = tok("qwen3")
+    plain = instruct_dataset(t, source=_rows("alpha", 4))
+    packed = instruct_dataset(t, source=_rows("beta", 4), packed=True, max_seq_len=64)
+    with pytest.raises(DataError, match="mix packed and unpacked"):
+        ConcatDataset([plain, packed])
+    both = ConcatDataset([packed, instruct_dataset(t, source=_rows("gamma", 4), packed=True, max_seq_len=64)])
+    assert both.packed and both.max_seq_len == 64 and "document_ids" in both[0]
