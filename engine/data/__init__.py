@@ -23,6 +23,7 @@ from engine.data.collate import packed_collate, padded_collate, padded_collate_d
 from engine.data.dataset import PreferenceDataset, TokenizedDataset
 from engine.data.demo import demo_dataset, demo_rows, extract_answer
 from engine.data.errors import DataError
+from engine.data.filters import ColumnFilter
 from engine.data.messages import (
     AlpacaToMessages,
     ChosenRejectedToMessages,
@@ -67,6 +68,7 @@ __all__ = [
     "ChatFormat",
     "ChatMLFormat",
     "ChosenRejectedToMessages",
+    "ColumnFilter",
     "ConcatDataset",
     "DataError",
     "GrammarErrorCorrectionTemplate",

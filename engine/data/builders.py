@@ -7,7 +7,8 @@ Common arguments:
   split: split to read ("train"; slices like "train[:1000]" work). subset: Hub config name.
   column_map: ``{expected_column: your_column}``, e.g. ``{output: summary}``.
   max_seq_len: truncate each sample to this many tokens; the final token (EOS / end of turn) is kept.
-  filter_fn: callable ``row -> bool`` applied after column_map; False drops the row (disables the cache).
+  filter_fn: callable ``row -> bool`` applied after column_map; False drops the row. From YAML use
+    `engine.data.ColumnFilter`; a lambda or plain function turns the cache off.
   skip_bad_rows: drop unusable rows and report their count, instead of stopping at the first.
   packed: return a `PackedDataset` of `max_seq_len`-long packs instead (needs max_seq_len).
   name: the source's name in logs (``loss/<name>``); default from the source.
@@ -207,15 +208,20 @@ def text_completion_dataset(
     filter_fn: Callable | None = None,
     skip_bad_rows: bool = False,
     packed: bool = False,
-    split_across_pack: bool = False,
+    split_across_pack: bool | None = None,
     name: str | None = None,
     cache: bool = True,
 ) -> TokenizedDataset:
     """Plain text, every token trained: BOS (where the tokenizer uses one) + text + EOS. Blank rows are
     dropped (counted in `filtered`). `.txt` files give one row per line; pack them with ``packed: true``.
 
-    Args (beyond the common ones): column: the text column (default ``text``).
+    Args (beyond the common ones): column: the text column (default ``text``); split_across_pack:
+    default True when packed, so long documents continue in the next pack instead of being truncated
+    (no truncation happens then; `max_seq_len` is the pack length).
     """
+    if split_across_pack is None:
+        split_across_pack = packed
+    truncate_to = None if (packed and split_across_pack) else max_seq_len
     transform = TextToMessages(column)
 
     def blank(row):
@@ -231,7 +237,7 @@ def text_completion_dataset(
         column_map=None,
         transform=transform,
         chat_format=resolve_chat_format(None),
-        max_seq_len=max_seq_len,
+        max_seq_len=truncate_to,
         filter_fn=filter_fn,
         skip_bad_rows=skip_bad_rows,
         name=name,

@@ -224,6 +224,11 @@ def _trained(ids_mask: tuple[list[int], list[bool]], what: str) -> tuple[list[in
     return ids, mask
 
 
+def _stable_repr(fn) -> bool:
+    """True when `fn` is None or has a repr that names its settings (not an object address)."""
+    return fn is None or " at 0x" not in repr(fn)
+
+
 def build_tokenized(
     tokenizer,
     *,
@@ -249,9 +254,10 @@ def build_tokenized(
     name = name or default_name(source)
     pad_id = int(getattr(tokenizer, "pad_id", 0) or 0)
     key = None
-    if cache and filter_fn is None:
+    if cache and _stable_repr(filter_fn):
         key = data_cache.cache_key(
             kind=kind,
+            filter_fn=repr(filter_fn),
             source=source_fingerprint(source, split, subset),
             column_map=dict(column_map or {}),
             transform=repr(transform),

@@ -93,6 +93,19 @@ def load_rows(source: Any, split: str = "train", subset: str | None = None) -> l
             ds = datasets.load_dataset(str(source), subset, split=split)
     except DataError:
         raise
+    except ValueError as exc:
+        if "Unknown split" in str(exc) or "Bad split" in str(exc):
+            hint = (
+                "local files have only the 'train' split"
+                if path.exists()
+                else "check the split names on the Hub"
+            )
+            raise DataError(
+                f"source {str(source)!r}: split {split!r} does not exist ({hint}; slices like 'train[:90%]' work)"
+            ) from None
+        raise DataError(
+            f"source {str(source)!r}: cannot be read as a dataset ({str(exc).splitlines()[0][:300]})"
+        ) from None
     except (
         Exception
     ) as exc:  # datasets raises many types (ArrowInvalid, DatasetNotFoundError, ConnectionError...)

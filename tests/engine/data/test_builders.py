@@ -257,3 +257,38 @@ def test_yaml_prompt_template_node(tok, tmp_path):
     ds = instantiate(node, tokenizer=tok("qwen3"))
     text = tok("qwen3").decode(ds[0]["tokens"], skip_special_tokens=False)
     assert text == "<|im_start|>user\nQ: 2+2?\nA:<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+
+
+def test_column_filter_from_yaml_is_cached(tok, tmp_path):
+    from engine.config import instantiate
+
+    src = _write(
+        tmp_path,
+        "d.jsonl",
+        [{"input": f"q{i}", "output": "a", "lang": "en" if i % 3 else "fr"} for i in range(9)],
+    )
+    node = {
+        "_component_": "engine.data.instruct_dataset",
+        "source": src,
+        "filter_fn": {"_component_": "engine.data.ColumnFilter", "column": "lang", "equals": "en"},
+    }
+    ds = instantiate(node, tokenizer=tok("qwen3"))
+    assert len(ds) == 6 and ds.filtered == 3
+    assert len(list(data_cache.cache_dir().glob("*.npz"))) == 1
+
+
+def test_unknown_split_of_local_file(tok, tmp_path):
+    src = _write(tmp_path, "d.jsonl", [{"input": "q", "output": "a"}])
+    with pytest.raises(DataError, match="split 'validation' does not exist.*only the 'train' split"):
+        instruct_dataset(tok("qwen3"), source=src, split="validation")
+
+
+def test_text_packing_continues_long_documents(tok, tmp_path):
+    t = tok("qwen3")
+    f = tmp_path / "doc.txt"
+    f.write_text(" ".join(f"word{i}" for i in range(300)) + "\n")
+    ds = text_completion_dataset(t, source=str(f), packed=True, max_seq_len=64)
+    whole = t.encode(" ".join(f"word{i}" for i in range(300)), add_bos=True, add_eos=True)
+    assert len(ds) == -(-len(whole) // 64)  # not truncated: the document fills several packs
+    got = [x for i in range(len(ds)) for x, s in zip(ds[i]["tokens"], ds[i]["source_ids"]) if s >= 0]
+    assert got == whole
