@@ -177,6 +177,16 @@ class TokenizedDataset(Dataset):
     def mask(self, i: int) -> list[bool]:
         return self._flat.get(i)[1]
 
+    def sample_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Sample i as numpy: ``(tokens [n] int64, labels [n] int64 (shifted), source_id)``."""
+        a, b = int(self._flat.offsets[i]), int(self._flat.offsets[i + 1])
+        toks = self._flat.tokens[a:b].astype(np.int64)
+        labels = np.full(b - a, IGNORE_INDEX, dtype=np.int64)
+        if b - a > 1:
+            nxt = toks[1:]
+            labels[:-1] = np.where(self._flat.mask[a + 1 : b], IGNORE_INDEX, nxt)
+        return toks, labels, self.source_id
+
     @property
     def lengths(self) -> np.ndarray:
         return self._flat.lengths()

@@ -49,56 +49,69 @@ class PackedDataset(Dataset):
         self._packs: list[dict[str, np.ndarray]] = []
         self._pack_all()
 
+    def _sample(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        fast = getattr(self.ds, "sample_arrays", None)
+        if fast is not None:
+            return fast(i)
+        s = self.ds[i]
+        return (
+            np.asarray(s["tokens"], dtype=np.int64),
+            np.asarray(s["labels"], dtype=np.int64),
+            int(s.get("source_id", 0)),
+        )
+
     def _pack_all(self) -> None:
         L = self.max_seq_len
-        buf: dict[str, list[int]] = {
-            k: [] for k in ("tokens", "labels", "position_ids", "document_ids", "source_ids")
-        }
-        doc = 0
+        pieces: list[tuple[np.ndarray, np.ndarray, int]] = []  # documents of the pack being filled
+        used = 0
 
         def flush():
-            nonlocal buf, doc
-            if buf["tokens"]:
-                self._packs.append(self._finish(buf, doc))
-            buf = {k: [] for k in buf}
-            doc = 0
+            nonlocal pieces, used
+            if pieces:
+                self._packs.append(self._finish(pieces, used))
+            pieces, used = [], 0
 
         for i in range(len(self.ds)):
-            s = self.ds[i]
-            toks, labs, src = list(s["tokens"]), list(s["labels"]), int(s.get("source_id", 0))
+            toks, labs, src = self._sample(i)
             if len(toks) > L and not self.split_across_pack:
                 raise DataError(
                     f"packing: sample {i} has {len(toks)} tokens, more than max_seq_len={L}; set the dataset's "
                     "max_seq_len to at most the pack length, or split_across_pack: true"
                 )
-            while toks:
-                room = L - len(buf["tokens"])
-                if len(toks) > room and not self.split_across_pack:
+            while len(toks):
+                if len(toks) > L - used and not self.split_across_pack:
                     flush()
-                    room = L
-                take = min(room, len(toks))
-                buf["tokens"] += toks[:take]
-                buf["labels"] += labs[:take]
-                buf["position_ids"] += list(range(take))
-                buf["document_ids"] += [doc] * take
-                buf["source_ids"] += [src] * take
-                doc += 1
+                take = min(L - used, len(toks))
+                pieces.append((toks[:take], labs[:take], src))
+                used += take
                 toks, labs = toks[take:], labs[take:]
-                if len(buf["tokens"]) == L:
+                if used == L:
                     flush()
         flush()
         self._real_tokens = sum(int((p["source_ids"] >= 0).sum()) for p in self._packs)
 
-    def _finish(self, buf: dict[str, list[int]], doc: int) -> dict[str, np.ndarray]:
-        n_pad = self.max_seq_len - len(buf["tokens"])
+    def _finish(self, pieces: list[tuple[np.ndarray, np.ndarray, int]], used: int) -> dict[str, np.ndarray]:
+        L = self.max_seq_len
+        n_pad = L - used
         out = {
-            "tokens": buf["tokens"] + [self.pad_id] * n_pad,
-            "labels": buf["labels"] + [IGNORE_INDEX] * n_pad,
-            "position_ids": buf["position_ids"] + list(range(n_pad)),
-            "document_ids": buf["document_ids"] + [doc] * n_pad,
-            "source_ids": buf["source_ids"] + [-1] * n_pad,
+            "tokens": np.full(L, self.pad_id, dtype=np.int64),
+            "labels": np.full(L, IGNORE_INDEX, dtype=np.int64),
+            "position_ids": np.empty(L, dtype=np.int64),
+            "document_ids": np.empty(L, dtype=np.int64),
+            "source_ids": np.full(L, -1, dtype=np.int64),
         }
-        return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+        at = 0
+        for doc, (toks, labs, src) in enumerate(pieces):
+            n = len(toks)
+            out["tokens"][at : at + n] = toks
+            out["labels"][at : at + n] = labs
+            out["position_ids"][at : at + n] = np.arange(n)
+            out["document_ids"][at : at + n] = doc
+            out["source_ids"][at : at + n] = src
+            at += n
+        out["position_ids"][at:] = np.arange(n_pad)  # the padding run: a document of its own
+        out["document_ids"][at:] = len(pieces)
+        return out
 
     def __len__(self) -> int:
         return len(self._packs)

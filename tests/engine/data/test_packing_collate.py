@@ -141,3 +141,16 @@ def test_packed_equals_unpacked_loss_on_tiny_decoder():
         # Control: without document ids and restarting positions, attention crosses documents.
         wrong = _per_token_loss(model(b["tokens"]), b["labels"])
         assert not torch.allclose(wrong, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_fast_path_equals_generic_path(tok):
+    from engine.data import instruct_dataset
+
+    rows = [{"input": f"question number {i}?", "output": "answer " * (i % 5 + 1)} for i in range(30)]
+    ds = instruct_dataset(tok("qwen3"), source=rows, cache=False)
+    for i in range(len(ds)):  # numpy sample view == the list sample
+        t, lab, s = ds.sample_arrays(i)
+        assert (t.tolist(), lab.tolist(), s) == (ds[i]["tokens"], ds[i]["labels"], ds[i]["source_id"])
+    fast = PackedDataset(ds, max_seq_len=48)
+    generic = PackedDataset(ListDataset([ds[i] for i in range(len(ds))]), max_seq_len=48, pad_id=ds.pad_id)
+    assert [fast[i] for i in range(len(fast))] == [generic[i] for i in range(len(generic))]
