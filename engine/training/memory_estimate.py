@@ -295,9 +295,20 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
 def detect_device_memory() -> tuple[str, float | None]:
     """The memory of the device a run would use: (`"cuda:0 <name>"`, bytes) or (`"cpu"`, RAM bytes).
 
+    `TUNEBENCH_DEVICE_MEMORY_GB` (a number) overrides detection, to plan for another machine's GPU.
     Uses NVML when a GPU driver is present (it raises without one, which is caught); otherwise the
     machine's RAM through psutil. Returns (`"unknown"`, None) when neither is available.
     """
+    import os
+
+    planned = os.environ.get("TUNEBENCH_DEVICE_MEMORY_GB")
+    if planned:
+        try:
+            return "planned device", float(planned) * GiB
+        except ValueError:
+            raise MemoryEstimateError(
+                f"TUNEBENCH_DEVICE_MEMORY_GB={planned!r} is not a number of GiB; set e.g. 80 or unset it"
+            ) from None
     try:
         import pynvml
 

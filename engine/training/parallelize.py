@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -139,7 +144,13 @@ def parallelize(
             # The last block's weights are needed again at once by backward: keep them gathered.
             last = i == len(layers) - 1
             fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **kwargs)
-        fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+        # Root: None lets FSDP2 keep it gathered after forward (backward needs it at once).
+        fully_shard(model, reshard_after_forward=None if reshard_after_forward else False, **kwargs)
+        if callable(getattr(model, "forward_hidden", None)):
+            # Linear cross-entropy calls forward_hidden, not forward: it must gather the root's weights
+            # too. The root is never resharded after forward, so `model.output_weight` read right after
+            # it is the gathered [V, D] weight, and its gradient flows back through FSDP.
+            register_fsdp_forward_method(model, "forward_hidden")
     return model
 
 
@@ -167,6 +178,17 @@ def materialize_model(
 
     if state_dict is None and init_fn is None:
         raise ConfigError("model: materializing needs a checkpoint or an init function", field="model")
+    if (
+        state_dict is not None and strict and (state_dict or not broadcast_from_rank0)
+    ):  # ranks > 0 may pass {} when broadcasting
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        if missing or unexpected:
+            raise ConfigError(
+                f"checkpoint: weights do not match the model (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]}) — check the model builder and checkpoint",
+                field="checkpoint",
+            )
     device = torch.device(device)
     model.to_empty(device=device)
     for module in model.modules():  # non-persistent buffers (RoPE tables) are not in checkpoints
@@ -180,7 +202,7 @@ def materialize_model(
     options = StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=broadcast_from_rank0)
     try:
         set_model_state_dict(model, state_dict, options=options)
-    except RuntimeError as exc:
+    except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"checkpoint: weights do not match the model ({first}) — check the model builder and checkpoint",
@@ -192,16 +214,29 @@ def materialize_model(
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """Total gradient 2-norm over all ranks (DTensor grads included); clips when `max_norm` is set.
 
+    Gradients are grouped by kind (plain tensors, and DTensors per device mesh) so FSDP-sharded,
+    TP-sharded and replicated gradients can be mixed; each group's norm is reduced to its full value.
+
     Returns:
-        The norm before clipping, a plain scalar tensor (for the `grad_norm` metric).
+        The norm before clipping, a plain fp32 scalar tensor (for the `grad_norm` metric).
     """
-    params = [p for p in parameters if p.grad is not None]
-    if not params:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
         return torch.zeros(())
-    grads = [p.grad for p in params]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=True)
-    if isinstance(total, DTensor):  # partial norms of shards: reduce to the full norm
-        total = total.full_tensor()
+    groups: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else "plain"
+        groups.setdefault(key, []).append(g)
+    squares = torch.zeros((), dtype=torch.float32)
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, error_if_nonfinite=False, foreach=True)
+        if isinstance(norm, DTensor):  # partial norms of the shards: reduce to the full norm
+            norm = norm.full_tensor()
+        squares = squares + norm.detach().float().cpu() ** 2
+    total = squares.sqrt()
     if max_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        coef = float(max_norm) / (float(total) + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
     return total

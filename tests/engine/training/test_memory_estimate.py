@@ -170,6 +170,15 @@ def test_model_card_mapping_and_errors():
         estimate_memory(shape, TrainingOptions(method="lora", lora_attn_modules=("qq",)))
 
 
-def test_detect_device_memory_returns_a_size_without_a_gpu():
+def test_detect_device_memory_returns_a_size_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("TUNEBENCH_DEVICE_MEMORY_GB", raising=False)
     name, size = detect_device_memory()
     assert name.startswith(("cpu", "cuda")) and size and size > 0
+
+
+def test_device_memory_override_and_its_error(monkeypatch):
+    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "80")
+    assert detect_device_memory() == ("planned device", 80 * GiB)
+    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "lots")
+    with pytest.raises(MemoryEstimateError, match="TUNEBENCH_DEVICE_MEMORY_GB"):
+        detect_device_memory()

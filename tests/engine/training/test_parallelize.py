@@ -1,0 +1,57 @@
+"""parallelize on 2 gloo ranks (torchrun) equals one plain process; single-process checks of its errors."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import ConfigError
+from engine.training import materialize_model, parallelize
+from tests.engine.training.tiny_decoder import TinyDecoder, tiny_decoder
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.distributed
+def test_fsdp2_and_tp_on_two_ranks_match_one_process():
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+           "-m", "tests.engine.training.dist_worker"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "OK " in proc.stdout, proc.stdout[-2000:]
+
+
+def test_single_process_ac_and_compile_flags_without_mesh():
+    model = tiny_decoder()
+    parallelize(model, world_mesh=None, activation_checkpointing=2, fsdp=False)
+    tokens = torch.randint(0, 128, (1, 8))
+    torch.testing.assert_close(model(tokens), tiny_decoder()(tokens), atol=0, rtol=0)
+
+
+def test_errors_name_the_field():
+    with pytest.raises(ConfigError, match="need a device mesh"):
+        parallelize(tiny_decoder(), world_mesh=None)
+    with torch.device("meta"):
+        model = TinyDecoder()
+    with pytest.raises(ConfigError, match="checkpoint or an init function"):
+        materialize_model(model, device="cpu")
+    bad = tiny_decoder().state_dict()
+    bad.pop("norm.weight")
+    with pytest.raises(ConfigError, match="checkpoint: weights do not match"):
+        materialize_model(model, device="cpu", state_dict=bad)
+
+
+def test_materialize_from_init_fn():
+    with torch.device("meta"):
+        model = TinyDecoder()
+    materialize_model(model, device="cpu", init_fn=lambda m: m.load_state_dict(tiny_decoder().state_dict()))
+    tokens = torch.randint(0, 128, (1, 8))
+    torch.testing.assert_close(model(tokens), tiny_decoder()(tokens))
