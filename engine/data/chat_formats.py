@@ -172,9 +172,9 @@ class TokenizerChatTemplate(ChatFormat):
     """The tokenizer's own Jinja chat template (``chat_template`` in ``tokenizer_config.json``).
 
     The whole conversation is rendered once and encoded in one call, exactly as
-    ``apply_chat_template(tokenize=True)`` does. Each trained assistant turn spans its content as found
-    in the rendered text (templates may trim it) through the first end-of-turn token after it
-    (the tokenizer's `stop_tokens`). Raises `RowError` when the template drops or rewrites a message.
+    ``apply_chat_template(tokenize=True)`` does. Each trained turn (assistant turns; every turn with
+    `train_on_input`) spans its content as found in the rendered text (templates may trim it) through
+    the first end-of-turn token after it (the tokenizer's `stop_tokens`); headers stay masked. Raises `RowError` when the template drops or rewrites a message.
     Args:
       template_kwargs: extra template switches (e.g. ``{"enable_thinking": false}`` for Qwen3).
     """
@@ -202,7 +202,7 @@ class TokenizerChatTemplate(ChatFormat):
                     "messages", f"the chat template rewrites turn {k}; use an explicit chat_format"
                 )
             end = search = start + len(body)
-            if m.role == "assistant" and not m.masked:
+            if not m.masked:
                 ends = [(text.find(s, end), s) for s in stops]
                 ends = [(p, s) for p, s in ends if p >= 0]
                 if ends:

@@ -168,3 +168,13 @@ def test_truncation_keeps_final_token(tok):
     ids, mask = tokenize_messages(t, CONV, ChatMLFormat())
     short, smask = tokenize_messages(t, CONV, ChatMLFormat(), max_seq_len=20)
     assert len(short) == 20 and short[:19] == ids[:19] and short[-1] == ids[-1] and smask[-1] == mask[-1]
+
+
+def test_tokenizer_template_train_on_input(tok, rust):
+    conv = [Message("user", "What is 2+2?", masked=False), Message("assistant", "It is 4.", masked=False)]
+    ids, mask = tokenize_messages(tok("qwen3"), conv, TokenizerChatTemplate())
+    trained = [i for i, m in zip(ids, mask) if not m]
+    assert (
+        trained
+        == rust("qwen3").encode("What is 2+2?<|im_end|>It is 4.<|im_end|>", add_special_tokens=False).ids
+    )
