@@ -7,6 +7,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.data import (
     DataError,
@@ -154,3 +156,39 @@ def test_fast_path_equals_generic_path(tok):
     fast = PackedDataset(ds, max_seq_len=48)
     generic = PackedDataset(ListDataset([ds[i] for i in range(len(ds))]), max_seq_len=48, pad_id=ds.pad_id)
     assert [fast[i] for i in range(len(fast))] == [generic[i] for i in range(len(generic))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=2, max_value=30), min_size=1, max_size=12),
+    L=st.integers(min_value=30, max_value=64),
+    split=st.booleans(),
+)
+def test_packing_invariants_property(lengths, L, split):
+    ds = ListDataset(
+        {
+            "tokens": [k * 100 + j for j in range(n)],
+            "labels": [k * 100 + j + 1 for j in range(n - 1)] + [-100],
+            "source_id": k % 2,
+        }
+        for k, n in enumerate(lengths)
+    )
+    packed = PackedDataset(ds, max_seq_len=L, split_across_pack=split)
+    real = [
+        t for i in range(len(packed)) for t, s in zip(packed[i]["tokens"], packed[i]["source_ids"]) if s >= 0
+    ]
+    assert real == [t for s in ds for t in s["tokens"]]  # every token once, in order
+    for i in range(len(packed)):
+        p = packed[i]
+        assert len(p["tokens"]) == L
+        for j in range(L):
+            if p["labels"][j] != -100:  # a target is always the next token of the same document
+                doc = p["document_ids"][j]
+                nxt = p["tokens"][j + 1] if j + 1 < L and p["document_ids"][j + 1] == doc else None
+                assert nxt is None and split or p["labels"][j] == nxt
+            if j and p["document_ids"][j] == p["document_ids"][j - 1]:
+                assert p["position_ids"][j] == p["position_ids"][j - 1] + 1
+            else:
+                assert p["position_ids"][j] == 0
+    if not split:
+        assert len(packed) <= len(lengths)
