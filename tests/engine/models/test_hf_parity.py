@@ -87,3 +87,36 @@ def test_from_pretrained_casts_dtype(tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert not any(p.is_meta for p in model.parameters())
     assert model(_tokens()).dtype == torch.bfloat16
+
+
+def test_lora_model_exports_merged_weights_transformers_loads(tmp_path):
+    import transformers
+
+    from engine.checkpoint import load_hf_weights
+    from engine.models.qwen2 import lora_qwen2
+    from engine.modules.peft import get_adapter_params
+
+    reference = hf_model("qwen2")
+    reference.save_pretrained(tmp_path / "src")
+    # A LoRA model built elsewhere (as a recipe's `_component_` would be) on meta, then filled.
+
+    with torch.device("meta"):
+        model = lora_qwen2(
+            vocab_size=128, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=64, intermediate_dim=96,
+            max_seq_len=128, rope_base=reference.config.rope_parameters["rope_theta"],
+            lora_rank=4, apply_lora_to_mlp=True, apply_lora_to_output=True,
+            lora_attn_modules=("q_proj", "k_proj", "v_proj", "output_proj"),
+        )  # fmt: skip
+    load_hf_weights(model, tmp_path / "src")
+    tokens = _tokens(4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), reference(tokens).logits, atol=ATOL, rtol=0)
+        for p in get_adapter_params(model).values():
+            p.add_(torch.randn_like(p) * 0.05)
+        adapted = model(tokens)
+    save_pretrained(model, tmp_path / "merged", like=tmp_path / "src")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "merged", dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(tokens).logits, adapted, atol=1e-4, rtol=1e-5)
