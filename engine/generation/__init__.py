@@ -1,0 +1,21 @@
+"""Text generation for the decoders: batched prompts of different lengths, a KV cache, greedy /
+temperature / top-k / top-p sampling and per-row stop tokens (what GRPO rollouts and
+`tunebench generate` use).
+
+    from engine.generation import generate
+    out = generate(model, [tok.encode("Hi", add_eos=False)], max_new_tokens=32,
+                   stop_tokens=tok.stop_tokens, pad_id=tok.pad_id)
+    text = tok.decode(out.completions[0])
+"""
+
+from engine.generation.generate import GenerationError, GenerationOutput, generate, left_pad
+from engine.generation.sampling import filter_logits, sample_next_token
+
+__all__ = [
+    "GenerationError",
+    "GenerationOutput",
+    "filter_logits",
+    "generate",
+    "left_pad",
+    "sample_next_token",
+]

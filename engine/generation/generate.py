@@ -1,0 +1,203 @@
+"""Batched autoregressive generation with the decoder's KV cache.
+
+Prompts of different lengths are left-padded to the longest one `P`, so every row writes the same
+cache slot at each step (the cache's `input_pos` is shared by all rows). Each row still gets its own
+RoPE positions (`position_ids` count from its first real token) and an attention mask that hides its
+padding slots, so a row's tokens are exactly those it would get alone. Rows stop independently at a
+stop token; the loop ends when every row has stopped or `max_new_tokens` are generated.
+
+Cache layout for `B` rows, `P` prompt slots and `T = max_new_tokens`: slots `0..P-1` hold the
+(left-padded) prompts, slot `P + t` the token generated at step `t`; the cache has `P + T` slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ConfigError
+from engine.generation.sampling import sample_next_token
+
+
+class GenerationError(ConfigError):
+    """A generation setting or prompt that cannot be used; names the argument and what to change."""
+
+
+@dataclass
+class GenerationOutput:
+    """What `generate` returns.
+
+    tokens: `[B,T]` long, generated ids; after a row's stop token the row holds `pad_id`.
+    lengths: `[B]` long, generated tokens per row, the stop token included.
+    stopped: `[B]` bool, whether the row ended on a stop token (else it hit `max_new_tokens`).
+    logprobs: `[B,T]` float32 log-probabilities of the chosen tokens under the tempered
+      distribution (before top-k/top-p), `0` on padding; present with `return_logprobs=True`.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    stopped: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+    @property
+    def completions(self) -> list[list[int]]:
+        """Per row, the generated ids up to and including its stop token."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+
+
+def _check(prompts, max_new_tokens, temperature, top_k, top_p, max_seq_len) -> None:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise GenerationError("prompts: every prompt needs at least one token; drop empty prompts")
+    if max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens: must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise GenerationError(f"temperature: must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise GenerationError(f"top_k: must be a positive integer or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise GenerationError(f"top_p: must be in (0, 1], got {top_p}")
+    longest = max(len(p) for p in prompts)
+    if max_seq_len is not None and longest + max_new_tokens > max_seq_len:
+        raise GenerationError(
+            f"max_new_tokens: prompt ({longest} tokens) + {max_new_tokens} new tokens exceed the model's "
+            f"max_seq_len {max_seq_len}; lower max_new_tokens or shorten the prompt"
+        )
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[B,P]` left-padded prompt ids and `[B]` number of pad slots per row."""
+    longest = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), longest), pad_id, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        tokens[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long, device=device)
+    pad_len = torch.tensor([longest - len(p) for p in prompts], dtype=torch.long, device=device)
+    return tokens, pad_len
+
+
+def _last_logits(model: nn.Module, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Logits of the last position only, `[B,V]` float32, without projecting the whole sequence."""
+    hidden = model.forward_hidden(tokens, **kwargs)[:, -1]  # [B,D]
+    return F.linear(hidden, model.output_weight).float()  # [B,V]
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    pad_id: int = 0,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    return_logprobs: bool = False,
+) -> GenerationOutput:
+    """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
+
+    Args:
+      model: a `TransformerDecoder` (`forward_hidden`, `output_weight`, `setup_caches`).
+      temperature: 0 (default) is greedy; > 0 samples, optionally restricted by `top_k` / `top_p`.
+      stop_tokens: ids that end a row (kept in its completion), e.g. `tokenizer.stop_tokens`.
+      pad_id: fills left padding and the slots after a row's stop token.
+      seed / generator: the random source for sampling (`generator` wins); default: torch's global RNG.
+      use_cache: False recomputes the whole sequence each step (a reference path; same results).
+      return_logprobs: also return the chosen tokens' log-probabilities.
+    The model runs in eval mode during the call (its mode is restored) and any KV caches it had are
+    replaced by caches sized for this call and removed afterwards.
+    Raises `GenerationError` for empty prompts or bad settings (naming the argument).
+    """
+    _check(prompts, max_new_tokens, temperature, top_k, top_p, getattr(model, "max_seq_len", None))
+    device = model.output_weight.device
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    tokens, pad_len = left_pad(prompts, pad_id, device)  # [B,P], [B]
+    batch, prompt_slots = tokens.shape
+    total = prompt_slots + max_new_tokens
+    slots = torch.arange(total, device=device)
+    key_valid = slots[None, :] >= pad_len[:, None]  # [B,L]: False on each row's left padding
+    prompt_len = prompt_slots - pad_len  # [B]
+    stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
+
+    out = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = (
+        torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if return_logprobs else None
+    )
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    was_training = model.training
+    model.eval()
+    if use_cache:
+        model.setup_caches(batch, total)
+    try:
+        # Prefill: queries are prompt slots 0..P-1. A padding query attends to itself only (no NaN rows).
+        q = slots[:prompt_slots]
+        causal = q[:, None] >= slots[None, :]  # [P,L]
+        mask = (causal[None] & key_valid[:, None, :]) | (q[:, None] == slots[None, :])[None]  # [B,P,L]
+        positions = (q[None, :] - pad_len[:, None]).clamp(min=0)  # [B,P]
+        if use_cache:
+            logits = _last_logits(model, tokens, position_ids=positions, mask=mask, input_pos=q)
+        else:
+            logits = _last_logits(model, tokens, position_ids=positions, mask=mask[:, :, :prompt_slots])
+        seq = tokens
+        for step in range(max_new_tokens):
+            chosen = sample_next_token(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
+            chosen = torch.where(done, torch.full_like(chosen, pad_id), chosen)  # [B]
+            out[:, step] = chosen
+            if logprobs is not None:
+                scaled = logits / (temperature if temperature > 0 else 1.0)
+                picked = torch.log_softmax(scaled, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+                logprobs[:, step] = torch.where(done, torch.zeros_like(picked), picked)
+            lengths += (~done).long()
+            done |= torch.isin(chosen, stops)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            slot = prompt_slots + step
+            positions = (prompt_len + step)[:, None]  # [B,1]
+            if use_cache:
+                step_mask = (slots[None, :] <= slot) & key_valid  # [B,L]
+                logits = _last_logits(
+                    model,
+                    chosen[:, None],
+                    position_ids=positions,
+                    mask=step_mask[:, None, :],
+                    input_pos=slots[slot : slot + 1],
+                )
+            else:
+                seq = torch.cat([seq, chosen[:, None]], dim=1)  # [B,slot+1]
+                s = seq.shape[1]
+                full_mask = mask_for_prefix(key_valid[:, :s])  # [B,s,s]
+                full_pos = (slots[None, :s] - pad_len[:, None]).clamp(min=0)
+                logits = _last_logits(model, seq, position_ids=full_pos, mask=full_mask)
+    finally:
+        if use_cache:
+            model.teardown_caches()
+        model.train(was_training)
+    steps = int(lengths.max())
+    return GenerationOutput(
+        tokens=out[:, :steps],
+        lengths=lengths,
+        stopped=done,
+        logprobs=None if logprobs is None else logprobs[:, :steps],
+    )
+
+
+def mask_for_prefix(key_valid: torch.Tensor) -> torch.Tensor:
+    """Causal mask over `S` slots that hides each row's padding; padding queries see themselves.
+    `key_valid`: `[B,S]` bool -> `[B,S,S]` bool."""
+    s = key_valid.shape[1]
+    idx = torch.arange(s, device=key_valid.device)
+    causal = idx[:, None] >= idx[None, :]  # [S,S]
+    return (causal[None] & key_valid[:, None, :]) | torch.eye(s, dtype=torch.bool, device=key_valid.device)[
+        None
+    ]
