@@ -221,7 +221,8 @@ def resume(run_id: str) -> RunRecord:
     Raises `UserError` when it is still running or has no checkpoint."""
     with open_db() as db:
         run = get_run(run_id, db=db)
-        if run.status in ACTIVE_STATUSES:
+        never_launched = run.status == "queued" and run.supervisor_pid is None
+        if run.status in ACTIVE_STATUSES and not never_launched:
             raise UserError(f"run {run.name} is {run.status}: stop it first (tunebench stop {run.name})")
         step = latest_checkpoint_step(run.output_dir)
         if step is None:

@@ -1,13 +1,16 @@
 """`MetricLogger`: how a recipe writes metrics, progress, events and eval scores to the tracker.
 
-Rows are buffered in memory and written in one `BEGIN IMMEDIATE` transaction (`executemany`) when
-a later step starts, on `flush()`, when the buffer is older than `max_delay_s` (a daemon thread
-checks), at `close()`, at interpreter exit (atexit) and on SIGTERM when the process has no SIGTERM
-handler of its own. So a recipe that logs once per optimizer step gets one small transaction per
-step, and a reader sees a step at most `max_delay_s` after it was logged.
+The training thread only appends rows to an in-memory buffer. When a later step starts, the buffer
+is handed to a writer thread that writes it in one `BEGIN IMMEDIATE` transaction (`executemany`;
+batches that queued up meanwhile go in the same transaction), so a step's rows reach the database
+about as soon as the step is done, and the SQLite write (and any wait on a busy database or a slow
+disk) never stalls training. The buffer is also handed over when it is older than `max_delay_s`
+(the writer thread checks), and `flush()` hands it over and waits until everything is written:
+`event()`, `eval_result()`, `close()`, interpreter exit (atexit) and SIGTERM (when the process has no
+SIGTERM handler of its own) all flush.
 
 Without `TUNEBENCH_RUN_ID` (a recipe started by hand) nothing is written: rank 0 prints one compact
-line per step to stdout instead.
+line per step to stdout instead (and also with a run id, so `runs/<id>/stdout.log` shows progress).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import queue
 import signal
 import sqlite3
 import sys
@@ -26,10 +30,22 @@ from pathlib import Path
 from typing import TextIO
 
 from engine.tracking.db import connect, write_tx
+from engine.tracking.errors import TrackerError
 
 _CHECKPOINT_EVERY_S = 30.0
+_RETRY_S = 0.5
+_FLUSH_TIMEOUT_S = 300.0
 _LIVE: weakref.WeakSet[MetricLogger] = weakref.WeakSet()
 _SIGTERM_HOOKED = False
+
+
+class _Batch:
+    """Rows handed from the training thread to the writer thread."""
+
+    __slots__ = ("metrics", "events", "evals", "progress")
+
+    def __init__(self, metrics: list, events: list, evals: list, progress: tuple | None) -> None:
+        self.metrics, self.events, self.evals, self.progress = metrics, events, evals, progress
 
 
 class MetricLogger:
@@ -40,10 +56,12 @@ class MetricLogger:
         rank: this process's rank; rank 0 also owns progress and the printed line.
         home: `TUNEBENCH_HOME` (default: the environment's).
         echo: print one compact line per step (default: rank 0 only).
-        max_delay_s: longest time a logged row waits in the buffer (default 0.5 s).
+        max_delay_s: longest time a logged row waits in the buffer (default 0.5 s; 0: only step
+            changes and `flush()` hand rows over).
         stream: where the line goes (default stdout).
 
-    Raises `engine.tracking.errors.TrackerError` when the database cannot be opened.
+    Raises `engine.tracking.errors.TrackerError` when the database cannot be opened, and from
+    `flush()`/`close()` when rows could not be written within 300 s.
     """
 
     def __init__(
@@ -61,7 +79,7 @@ class MetricLogger:
         self.echo = (rank == 0) if echo is None else echo
         self.max_delay_s = max_delay_s
         self._stream = stream
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # guards the buffer (training thread vs. the staleness check)
         self._metrics: list[tuple] = []  # (run_id, step, name, value, time, rank)
         self._events: list[tuple] = []
         self._evals: list[tuple] = []
@@ -70,14 +88,14 @@ class MetricLogger:
         self._step: int | None = None  # step of the rows in the buffer
         self._line: dict[str, float] = {}
         self._oldest: float | None = None
-        self._last_checkpoint = time.monotonic()
         self._closed = False
+        self._error: BaseException | None = None
+        self._queue: queue.Queue[_Batch | None] = queue.Queue()
         self._db: sqlite3.Connection | None = connect(home) if run_id is not None else None
-        self._stop_timer = threading.Event()
-        self._timer: threading.Thread | None = None
-        if self._db is not None and max_delay_s > 0:
-            self._timer = threading.Thread(target=self._flush_stale, name="tunebench-metrics", daemon=True)
-            self._timer.start()
+        self._thread: threading.Thread | None = None
+        if self._db is not None:
+            self._thread = threading.Thread(target=self._writer, name="tunebench-metrics", daemon=True)
+            self._thread.start()
         _LIVE.add(self)
 
     @classmethod
@@ -138,65 +156,39 @@ class MetricLogger:
         self.flush()
 
     def flush(self) -> None:
-        """Write everything buffered in one transaction (and print the pending step line)."""
+        """Hand over everything buffered and wait until it is written (prints the pending step line)."""
         with self._lock:
             self._print_line()
-            if self._db is None:
-                self._metrics.clear()
-                self._events.clear()
-                self._evals.clear()
-                self._progress = None
-                self._oldest = None
-                return
-            if not (self._metrics or self._events or self._evals or self._progress):
-                return
-            db = self._db
-            with write_tx(db):
-                if self._metrics:
-                    db.executemany(
-                        "INSERT INTO metrics (run_id, step, name, value, time, rank) VALUES (?, ?, ?, ?, ?, ?)",
-                        self._metrics,
-                    )
-                if self._events:
-                    db.executemany(
-                        "INSERT INTO events (run_id, step, kind, text, time, rank) VALUES (?, ?, ?, ?, ?, ?)",
-                        self._events,
-                    )
-                if self._evals:
-                    db.executemany(
-                        "INSERT INTO eval_results (run_id, step, task, metric, value, checkpoint, time) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        self._evals,
-                    )
-                if self._progress is not None:
-                    step, total = self._progress
-                    db.execute(
-                        "UPDATE runs SET step = ?, total_steps = COALESCE(?, total_steps) WHERE id = ?",
-                        (step, total, self.run_id),
-                    )
-            self._metrics.clear()
-            self._events.clear()
-            self._evals.clear()
-            self._progress = None
-            self._oldest = None
-            if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
-                self._last_checkpoint = time.monotonic()
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self._handoff()
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + _FLUSH_TIMEOUT_S
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                break
+            time.sleep(0.0005)
+        if self._queue.unfinished_tasks:
+            raise TrackerError(
+                f"metrics of run {self.run_id} could not be written ({self._error}): check the disk and "
+                "that nothing holds a write lock on tunebench.db"
+            )
 
     def close(self) -> None:
-        """Flush and release the database; later calls are ignored."""
+        """Flush, stop the writer thread and release the database; later calls are ignored."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._stop_timer.set()
-            try:
-                self.flush()
-            finally:
-                if self._db is not None:
-                    self._db.close()
-                    self._db = None
-        _LIVE.discard(self)
+        try:
+            self.flush()
+        finally:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join(timeout=10)
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            _LIVE.discard(self)
 
     def __enter__(self) -> MetricLogger:
         return self
@@ -204,29 +196,109 @@ class MetricLogger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ---------------------------------------------------------------------------------
+    # -- training-thread side ----------------------------------------------------------------------
     def _roll(self, step: int) -> None:
-        """A new step starts: flush the previous one."""
+        """A new step starts: hand the previous one to the writer thread."""
         if self._closed:
             raise RuntimeError("MetricLogger is closed")
         if self._step is not None and step != self._step:
-            self.flush()
+            self._print_line()
+            self._handoff()
         self._step = int(step)
+
+    def _handoff(self) -> None:
+        if not (self._metrics or self._events or self._evals or self._progress):
+            return
+        batch = _Batch(self._metrics, self._events, self._evals, self._progress)
+        self._metrics, self._events, self._evals, self._progress = [], [], [], None
+        self._oldest = None
+        if self._thread is not None:
+            self._queue.put(batch)
 
     def _touch(self) -> None:
         if self._oldest is None:
             self._oldest = time.monotonic()
 
-    def _flush_stale(self) -> None:
-        tick = max(self.max_delay_s / 2, 0.01)
-        while not self._stop_timer.wait(tick):
-            oldest = self._oldest
-            if oldest is not None and time.monotonic() - oldest >= self.max_delay_s:
+    # -- writer thread -----------------------------------------------------------------------------
+    def _writer(self) -> None:
+        last_checkpoint = time.monotonic()
+        tick = max(self.max_delay_s / 2, 0.01) if self.max_delay_s > 0 else None
+        while True:
+            try:
+                first = self._queue.get(timeout=tick)
+            except queue.Empty:
+                self._hand_over_stale()
+                continue
+            batches = [first]
+            while True:  # whatever queued up meanwhile goes in the same transaction
                 try:
-                    self.flush()
-                except sqlite3.Error as exc:  # keep training; the next flush retries with the same rows
-                    print(f"tunebench: metrics flush failed ({exc}); retrying", file=sys.stderr)
+                    batches.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(b is None for b in batches)
+            rows = [b for b in batches if b is not None]
+            while rows:
+                try:
+                    self._write(rows)
+                    self._error = None
+                    break
+                except sqlite3.Error as exc:  # keep the rows; retry (training goes on meanwhile)
+                    self._error = exc
+                    print(f"tunebench: writing metrics failed ({exc}); retrying", file=sys.stderr)
+                    time.sleep(_RETRY_S)
+            for _ in batches:
+                self._queue.task_done()
+            if time.monotonic() - last_checkpoint > _CHECKPOINT_EVERY_S and self._db is not None:
+                last_checkpoint = time.monotonic()
+                try:
+                    self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    pass
+            if stop:
+                return
 
+    def _hand_over_stale(self) -> None:
+        oldest = self._oldest
+        if oldest is None or time.monotonic() - oldest < self.max_delay_s:
+            return
+        if self._lock.acquire(timeout=0.05):  # never wait on a training thread that is mid-log
+            try:
+                self._handoff()
+            finally:
+                self._lock.release()
+
+    def _write(self, batches: list[_Batch]) -> None:
+        db = self._db
+        assert db is not None
+        metrics = [r for b in batches for r in b.metrics]
+        events = [r for b in batches for r in b.events]
+        evals = [r for b in batches for r in b.evals]
+        progress = next((b.progress for b in reversed(batches) if b.progress is not None), None)
+        with write_tx(db):
+            if metrics:
+                db.executemany(
+                    "INSERT INTO metrics (run_id, step, name, value, time, rank) VALUES (?, ?, ?, ?, ?, ?)",
+                    metrics,
+                )
+            if events:
+                db.executemany(
+                    "INSERT INTO events (run_id, step, kind, text, time, rank) VALUES (?, ?, ?, ?, ?, ?)",
+                    events,
+                )
+            if evals:
+                db.executemany(
+                    "INSERT INTO eval_results (run_id, step, task, metric, value, checkpoint, time) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    evals,
+                )
+            if progress is not None:
+                step, total = progress
+                db.execute(
+                    "UPDATE runs SET step = ?, total_steps = COALESCE(?, total_steps) WHERE id = ?",
+                    (step, total, self.run_id),
+                )
+
+    # -- printing ----------------------------------------------------------------------------------
     def _print_line(self) -> None:
         if not (self.echo and self._line and self._step is not None):
             self._line.clear()

@@ -18,6 +18,15 @@ def _run(db, **kw):
     return create_run(db=db, recipe="sft", config_text="lr: 0.1\n", **kw)
 
 
+def _wait_rows(run_id, db, n, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    rows = []
+    while len(rows) < n and time.monotonic() < deadline:
+        rows = readers.metrics_since(run_id, db=db)
+        time.sleep(0.01)
+    return rows
+
+
 def test_nan_inf_round_trip(tunebench_home):
     with open_db() as db:
         run = _run(db)
@@ -45,8 +54,10 @@ def test_flushes_when_the_next_step_starts(tunebench_home):
         log.set_progress(1, 10)
         log.log(1, {"loss": 2.0, "lr": 0.1})
         assert readers.metrics_since(run.id, db=db) == []
-        log.log(2, {"loss": 1.5})
-        rows = readers.metrics_since(run.id, db=db)
+        log.log(2, {"loss": 1.5})  # step 1 goes to the writer thread, step 2 stays buffered
+        rows = _wait_rows(run.id, db, 2)
+        time.sleep(0.3)
+        assert readers.metrics_since(run.id, db=db, after_id=rows[-1].id) == []
         assert [(r.step, r.name) for r in rows] == [(1, "loss"), (1, "lr")]
         assert readers.get_run(run.id, db=db).step == 1
         assert readers.get_run(run.id, db=db).total_steps == 10
@@ -60,10 +71,7 @@ def test_timer_flushes_a_stale_buffer(tunebench_home):
         run = _run(db)
         log = MetricLogger(run_id=run.id, echo=False, max_delay_s=0.1)
         log.log(7, {"loss": 1.0})
-        deadline = time.monotonic() + 5
-        while not readers.metrics_since(run.id, db=db) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert [r.step for r in readers.metrics_since(run.id, db=db)] == [7]
+        assert [r.step for r in _wait_rows(run.id, db, 1)] == [7]
         log.close()
 
 
