@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Any
 
 from engine.data.builders import chat_dataset, instruct_dataset, preference_dataset, text_completion_dataset
@@ -29,12 +31,31 @@ from engine.data.templates import (
 )
 
 
+def _signature_of(builder, fixed: tuple[str, ...] = ("template",), **defaults: Any):
+    """Give a preset the signature of its builder (without the arguments the preset fixes, with the
+    preset's defaults), so `tunebench validate` checks a preset's arguments like the builder's."""
+
+    def wrap(fn):
+        hints = typing.get_type_hints(builder)
+        params = []
+        for name, p in inspect.signature(builder).parameters.items():
+            if name in fixed:
+                continue
+            params.append(p.replace(default=defaults[name]) if name in defaults else p)
+        fn.__signature__ = inspect.Signature(params, return_annotation=inspect.Signature.empty)
+        fn.__annotations__ = {k: v for k, v in hints.items() if k not in fixed and k != "return"}
+        return fn
+
+    return wrap
+
+
 def _local(source: Any) -> bool:
     from pathlib import Path
 
     return isinstance(source, (list, tuple)) or Path(str(source)).expanduser().exists()
 
 
+@_signature_of(instruct_dataset, source="tatsu-lab/alpaca", train_on_input=True, name="alpaca")
 def alpaca_dataset(tokenizer, *, source: Any = "tatsu-lab/alpaca", train_on_input: bool = True, **kwargs):
     """Alpaca (52k instructions). `train_on_input` defaults to True as in the original recipe."""
     kwargs.setdefault("name", "alpaca")
@@ -43,6 +64,7 @@ def alpaca_dataset(tokenizer, *, source: Any = "tatsu-lab/alpaca", train_on_inpu
     )
 
 
+@_signature_of(instruct_dataset, source="yahma/alpaca-cleaned", train_on_input=True, name="alpaca_cleaned")
 def alpaca_cleaned_dataset(
     tokenizer, *, source: Any = "yahma/alpaca-cleaned", train_on_input: bool = True, **kwargs
 ):
@@ -53,12 +75,14 @@ def alpaca_cleaned_dataset(
     )
 
 
+@_signature_of(chat_dataset, ("conversation_style",), source="Open-Orca/SlimOrca-Dedup", name="slimorca")
 def slimorca_dataset(tokenizer, *, source: Any = "Open-Orca/SlimOrca-Dedup", **kwargs):
     """SlimOrca (ShareGPT-style GPT-4 conversations with system prompts)."""
     kwargs.setdefault("name", "slimorca")
     return chat_dataset(tokenizer, source=source, conversation_style="sharegpt", **kwargs)
 
 
+@_signature_of(instruct_dataset, source="Samsung/samsum", name="samsum", column_map={"output": "summary"})
 def samsum_dataset(tokenizer, *, source: Any = "Samsung/samsum", **kwargs):
     """SAMSum dialogue summaries (``dialogue`` -> ``summary``)."""
     kwargs.setdefault("name", "samsum")
@@ -66,12 +90,19 @@ def samsum_dataset(tokenizer, *, source: Any = "Samsung/samsum", **kwargs):
     return instruct_dataset(tokenizer, source=source, template=SummarizeTemplate(), **kwargs)
 
 
+@_signature_of(instruct_dataset, source="liweili/c4_200m", name="grammar")
 def grammar_dataset(tokenizer, *, source: Any = "liweili/c4_200m", **kwargs):
     """C4-200M grammar correction pairs (``input`` -> ``output``)."""
     kwargs.setdefault("name", "grammar")
     return instruct_dataset(tokenizer, source=source, template=GrammarErrorCorrectionTemplate(), **kwargs)
 
 
+@_signature_of(
+    preference_dataset,
+    source="lvwerra/stack-exchange-paired",
+    name="stack_exchange_paired",
+    column_map={"chosen": "response_j", "rejected": "response_k"},
+)
 def stack_exchange_paired_dataset(tokenizer, *, source: Any = "lvwerra/stack-exchange-paired", **kwargs):
     """Stack Exchange preference pairs (``question``; ``response_j`` preferred over ``response_k``)."""
     kwargs.setdefault("name", "stack_exchange_paired")
@@ -79,12 +110,16 @@ def stack_exchange_paired_dataset(tokenizer, *, source: Any = "lvwerra/stack-exc
     return preference_dataset(tokenizer, source=source, template=StackExchangedPairedTemplate(), **kwargs)
 
 
+@_signature_of(preference_dataset, source="Anthropic/hh-rlhf", name="hh_rlhf")
 def hh_rlhf_dataset(tokenizer, *, source: Any = "Anthropic/hh-rlhf", **kwargs):
     """Anthropic HH-RLHF (``chosen``/``rejected`` Human/Assistant transcripts)."""
     kwargs.setdefault("name", "hh_rlhf")
     return preference_dataset(tokenizer, source=source, **kwargs)
 
 
+@_signature_of(
+    instruct_dataset, source="openai/gsm8k", subset="main", name="gsm8k", column_map={"output": "answer"}
+)
 def gsm8k_dataset(tokenizer, *, source: Any = "openai/gsm8k", subset: str | None = "main", **kwargs):
     """GSM8K grade-school maths (``question`` -> ``answer`` ending in ``#### N``)."""
     kwargs.setdefault("name", "gsm8k")
@@ -95,6 +130,9 @@ def gsm8k_dataset(tokenizer, *, source: Any = "openai/gsm8k", subset: str | None
     )
 
 
+@_signature_of(
+    text_completion_dataset, (), source="Salesforce/wikitext", subset="wikitext-103-raw-v1", name="wikitext"
+)
 def wikitext_dataset(
     tokenizer, *, source: Any = "Salesforce/wikitext", subset: str | None = "wikitext-103-raw-v1", **kwargs
 ):

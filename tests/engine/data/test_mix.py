@@ -151,3 +151,20 @@ def test_parts_must_agree_on_packing(tok):
         ConcatDataset([plain, packed])
     both = ConcatDataset([packed, instruct_dataset(t, source=_rows("gamma", 4), packed=True, max_seq_len=64)])
     assert both.packed and both.max_seq_len == 64 and "document_ids" in both[0]
+
+
+def test_validate_checks_preset_arguments():
+    problems = [
+        str(p)
+        for p in validate(
+            {"dataset": {"_component_": "engine.data.gsm8k_dataset", "max_seq_lenn": 5, "packed": "yes"}}
+        )
+    ]
+    assert any("max_seq_lenn" in p and "did you mean 'max_seq_len'" in p for p in problems)
+    assert any("dataset.packed" in p and "bool" in p for p in problems)
+    assert (
+        validate(
+            {"dataset": {"_component_": "engine.data.wikitext_dataset", "packed": True, "max_seq_len": 512}}
+        )
+        == []
+    )
