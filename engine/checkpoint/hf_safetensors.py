@@ -122,23 +122,27 @@ def _iter_tensors(path: Path, keys: list[str], device: str) -> Iterator[tuple[st
 
 # ---- loading into a model --------------------------------------------------------------------
 def _materialize_rest(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> list[str]:
-    """Give adapters (absent from base checkpoints) real storage and their initial values; return
-    the names of any other parameter still on meta (those are missing from the checkpoint)."""
+    """After base weights were assigned: give adapters (absent from base checkpoints) storage and
+    initial values, re-derive DoRA magnitudes from the loaded base weights, quantise NF4 bases.
+    Returns the names of parameters still on meta (those are missing from the checkpoint)."""
     from engine.modules.peft.lora import LoRALinear
 
     for module in model.modules():
-        if isinstance(module, LoRALinear):
-            adapters = [module.lora_a.weight, module.lora_b.weight]
+        if not isinstance(module, LoRALinear) or module.weight.is_meta:
+            continue
+        factors = (module.lora_a, module.lora_b)
+        if any(f.weight.is_meta for f in factors):
+            target = dtype or module.weight.dtype
+            for factor in factors:
+                factor.to_empty(device=device).to(dtype=target)
             if module.magnitude is not None:
-                adapters.append(module.magnitude)
-            if any(p.is_meta for p in adapters) and not module.weight.is_meta:
-                target = dtype or module.weight.dtype
-                module.lora_a.to_empty(device=device).to(dtype=target)
-                module.lora_b.to_empty(device=device).to(dtype=target)
-                if module.magnitude is not None:
-                    module.magnitude = nn.Parameter(torch.empty(module.out_dim, device=device, dtype=target))
-                module.initialize_adapters()
-            module.quantize_base_()
+                module.magnitude = nn.Parameter(torch.empty(module.out_dim, device=device, dtype=target))
+            module.initialize_adapters()
+        elif module.magnitude is not None:
+            with torch.no_grad():  # DoRA starts as the base layer: magnitude = row norms of W
+                norms = module.weight.detach().float().norm(dim=1)
+                module.magnitude.copy_(norms.to(module.magnitude.dtype))
+        module.quantize_base_()
     return [name for name, p in model.named_parameters() if p.is_meta]
 
 

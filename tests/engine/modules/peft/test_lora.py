@@ -175,3 +175,21 @@ def test_qlora_from_pretrained_quantises_after_loading(tmp_path):
         torch.testing.assert_close(model(tokens), dense(tokens), atol=1e-5, rtol=1e-5)
         close = (model(tokens) - reference(tokens).logits).abs().max()
         assert close < 0.5  # NF4 stays near the bf16/fp32 original
+
+
+def test_dora_built_on_cpu_then_loaded_starts_equal_to_base(tmp_path):
+    from engine.checkpoint import load_hf_weights
+
+    hf_model("llama2").save_pretrained(tmp_path / "base")
+    # Built with real (random) weights first, as a plain `_component_` would be, then loaded:
+    # the DoRA magnitudes must follow the loaded weights, so the adapted model starts as the base.
+    model = build_decoder(
+        vocab_size=128, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, intermediate_dim=96,
+        max_seq_len=128, norm_eps=1e-5, lora=LoRASettings(use_dora=True),
+    )  # fmt: skip
+    load_hf_weights(model, tmp_path / "base")
+    tokens = torch.randint(0, 128, (1, 6))
+    with torch.no_grad():
+        with disable_adapters(model):
+            base = model(tokens)
+        torch.testing.assert_close(model(tokens), base, atol=1e-5, rtol=1e-5)
