@@ -21,7 +21,13 @@ from engine.data.chat_formats import (
 )
 from engine.data.collate import packed_collate, padded_collate, padded_collate_dpo
 from engine.data.dataset import PreferenceDataset, TokenizedDataset
-from engine.data.demo import demo_dataset, demo_rows, extract_answer
+from engine.data.demo import (
+    demo_dataset,
+    demo_preference_dataset,
+    demo_preference_rows,
+    demo_rows,
+    extract_answer,
+)
 from engine.data.errors import DataError
 from engine.data.filters import ColumnFilter
 from engine.data.messages import (
@@ -100,6 +106,8 @@ __all__ = [
     "build_dataset",
     "chat_dataset",
     "demo_dataset",
+    "demo_preference_dataset",
+    "demo_preference_rows",
     "demo_rows",
     "extract_answer",
     "grammar_dataset",

@@ -8,6 +8,8 @@ Five kinds of problem, each with a worked answer that ends in ``#### <answer>`` 
   - unit conversions (length, mass, time, volume);
   - string manipulation (reverse a word, count a letter, upper-case a word);
   - sorting a short list of numbers.
+`demo_preference_rows` pairs each worked answer with a wrong one (the same steps, a corrupted final
+result) for preference training (DPO) on the same problems.
 """
 
 from __future__ import annotations
@@ -168,6 +170,78 @@ def demo_rows(n: int = 3000, seed: int = 0, split: str = "train") -> list[dict[s
         q, a = _MAKERS[kind](r)
         rows.append({"question": q, "answer": a, "kind": kind})
     return rows
+
+
+def _wrong(value: str, r: random.Random) -> str:
+    """A plausible but wrong answer: a nearby number, or a corrupted word / list."""
+    try:
+        x = float(value)
+    except ValueError:
+        if ", " in value:  # a sorted list: swap two neighbours
+            items = value.split(", ")
+            k = r.randrange(len(items) - 1)
+            items[k], items[k + 1] = items[k + 1], items[k]
+            return ", ".join(items)
+        if len(set(value)) > 1:
+            chars = list(value)
+            while "".join(chars) == value:
+                r.shuffle(chars)
+            return "".join(chars)
+        return value + value[-1]
+    delta = r.choice([-10, -3, -2, -1, 1, 2, 3, 10])
+    return f"{x + delta:g}"
+
+
+def demo_preference_rows(n: int = 1000, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """`n` rows ``{"question", "chosen", "rejected", "kind"}``: `chosen` is the worked answer of
+    `demo_rows`, `rejected` the same text with its final result replaced by a wrong one."""
+    r = random.Random(f"tunebench-demo-pref:{seed}:{split}")
+    out = []
+    for row in demo_rows(n, seed, split):
+        right = extract_answer(row["answer"])
+        wrong = _wrong(right, r)
+        body = row["answer"][: row["answer"].rindex("####")]
+        if right in body:
+            head, tail = body.rsplit(right, 1)
+            body = head + wrong + tail
+        out.append(
+            {
+                "question": row["question"],
+                "chosen": row["answer"],
+                "rejected": f"{body}#### {wrong}",
+                "kind": row["kind"],
+            }
+        )
+    return out
+
+
+def demo_preference_dataset(
+    tokenizer,
+    *,
+    n: int = 1000,
+    seed: int = 0,
+    split: str = "train",
+    chat_format: Any = "auto",
+    max_seq_len: int | None = None,
+    cache: bool = True,
+):
+    """Preference pairs over the demo problems (a `preference_dataset` over `demo_preference_rows`);
+    `chat_format` as in `demo_dataset`."""
+    from engine.data.builders import preference_dataset
+    from engine.data.templates import QuestionAnswerTemplate
+
+    if chat_format == "auto":
+        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
+    template = QuestionAnswerTemplate() if chat_format is None else "{question}"
+    return preference_dataset(
+        tokenizer,
+        source=demo_preference_rows(n, seed, split),
+        template=template,
+        chat_format=chat_format,
+        max_seq_len=max_seq_len,
+        name="demo_preference",
+        cache=cache,
+    )
 
 
 def extract_answer(text: str) -> str | None:

@@ -92,3 +92,20 @@ def test_preview_sample_and_length_stats(tok):
     assert stats["count"] == 20 and stats["max"] == max(lengths) and stats["total"] == sum(lengths)
     assert stats["mean"] == pytest.approx(statistics.mean(lengths))
     assert stats["p50"] == pytest.approx(statistics.median(lengths))
+
+
+def test_demo_preference_pairs(tok):
+    from engine.data import demo_preference_dataset, demo_preference_rows
+
+    rows = demo_preference_rows(300)
+    assert rows == demo_preference_rows(300)
+    for r in rows:
+        right, wrong = extract_answer(r["chosen"]), extract_answer(r["rejected"])
+        assert right == _solve(r["question"]) and wrong != right, r
+    t = tok("qwen3")
+    ds = demo_preference_dataset(t, n=20)
+    s = ds[0]
+    assert s["chosen_tokens"] != s["rejected_tokens"]
+    # both sides share the prompt: their masked prefix is identical
+    n = next(i for i, x in enumerate(s["chosen_labels"]) if x != -100)
+    assert s["chosen_tokens"][:n] == s["rejected_tokens"][:n]
