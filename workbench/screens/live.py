@@ -7,6 +7,7 @@ loss per data source (`loss/<source>`).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -84,6 +85,8 @@ class LiveRunScreen(Screen):
         self._log_offset = 0
         self._last_status: str | None = None
         self._recipe_panel = False
+        self._poll_lock = threading.Lock()
+        self._caught_up = False  # False until the first poll (history) has been shown
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -100,8 +103,17 @@ class LiveRunScreen(Screen):
         self.set_interval(self.app.interval, self.poll)
 
     # Polling --------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="live-poll")
+    @work(thread=True, group="live-poll")
     def poll(self) -> None:
+        # One poll at a time: a slow read (busy disk) must not let two threads fetch the same rows.
+        if not self._poll_lock.acquire(blocking=False):
+            return
+        try:
+            self._poll_once()
+        finally:
+            self._poll_lock.release()
+
+    def _poll_once(self) -> None:
         try:
             run, metrics, events = services.poll_run(
                 self.run_id, after_metric=self._after_metric, after_event=self._after_event
@@ -139,7 +151,7 @@ class LiveRunScreen(Screen):
         if message.metrics:
             self._replot(set(message.metrics))
         self.query_one(LogTail).append_text(message.log_text)
-        for event in message.events:
+        for event in message.events if self._caught_up else ():  # no toasts for history
             severity, label = TOAST_EVENTS.get(event["kind"], (None, None))
             if severity:
                 self.notify(f"{label}: {event['text']}", severity=severity, timeout=6)
@@ -152,6 +164,7 @@ class LiveRunScreen(Screen):
                 timeout=8,
             )
         self._last_status = status
+        self._caught_up = True
 
     def _update_header(self) -> None:
         run = self.run
@@ -223,9 +236,15 @@ class LiveRunScreen(Screen):
 
     def _reset_for_resume(self) -> None:
         """Resume truncates metrics past the checkpoint: re-read the curves from scratch."""
-        self._after_metric = 0
-        self._after_event = 0
-        self.app.call_from_thread(self.series.clear)
+        with self._poll_lock:
+            self._after_metric = 0
+            self._log_offset = 0
+
+            def clear() -> None:
+                self.series.clear()
+                self.query_one(LogTail).clear()
+
+            self.app.call_from_thread(clear)
 
     def on_action_done(self, message: ActionDone) -> None:
         self.notify(message.text, severity="information" if message.ok else "error")

@@ -129,7 +129,10 @@ class RecipeScreen(Screen):
         from engine.config import list_builtin_configs
         from engine.training.memory_estimate import detect_device_memory
 
-        self.device = detect_device_memory()
+        try:
+            self.device = detect_device_memory()
+        except ValueError as exc:  # a bad TUNEBENCH_DEVICE_MEMORY_GB: say so, estimate without a device
+            self.post_message(ActionDone("device", str(exc), ok=False))
         choices = [(c.name, str(c.path)) for c in list_builtin_configs()]
         start: tuple[str, dict, str | None, str | None] | None = None
         try:
