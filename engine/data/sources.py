@@ -64,6 +64,10 @@ def load_rows(source: Any, split: str = "train", subset: str | None = None) -> l
     """
     if isinstance(source, (list, tuple)):
         return [dict(r) for r in source]
+    if not isinstance(split, str) or not split.strip():
+        raise DataError(
+            f"split: expected a split name like 'train' (slices like 'train[:90%]' work), got {split!r}"
+        )
     if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
         raise DataError(f"source: expected a file, folder or Hub dataset name, got {source!r}")
     import datasets

@@ -292,3 +292,23 @@ def test_text_packing_continues_long_documents(tok, tmp_path):
     assert len(ds) == -(-len(whole) // 64)  # not truncated: the document fills several packs
     got = [x for i in range(len(ds)) for x, s in zip(ds[i]["tokens"], ds[i]["source_ids"]) if s >= 0]
     assert got == whole
+
+
+def test_split_must_be_a_name(tok, data_dir):
+    with pytest.raises(DataError, match="split: expected a split name"):
+        instruct_dataset(tok("qwen3"), source=str(data_dir / "gsm8k_test.jsonl"), split=None)
+
+
+def test_datasets_pickle_for_loader_workers(tok):
+    import pickle
+
+    from engine.data import ConcatDataset, PackedDataset, mix
+
+    t = tok("qwen3")
+    rows = [
+        {"conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": "yo"}]}
+        for i in range(6)
+    ]
+    a = chat_dataset(t, source=rows, chat_format="chatml", cache=False)
+    for d in (a, mix(datasets=[a, a], weights=[1, 2]), PackedDataset(ConcatDataset([a, a]), 64)):
+        assert pickle.loads(pickle.dumps(d))[0] == d[0]
