@@ -202,6 +202,7 @@ def text_completion_dataset(
     *,
     source: Any,
     column: str = "text",
+    sample_by: str = "line",
     split: str = "train",
     subset: str | None = None,
     max_seq_len: int | None = None,
@@ -215,7 +216,8 @@ def text_completion_dataset(
     """Plain text, every token trained: BOS (where the tokenizer uses one) + text + EOS. Blank rows are
     dropped (counted in `filtered`). `.txt` files give one row per line; pack them with ``packed: true``.
 
-    Args (beyond the common ones): column: the text column (default ``text``); split_across_pack:
+    Args (beyond the common ones): column: the text column (default ``text``); sample_by: how a
+    local .txt file becomes rows: "line" (default), "paragraph" or "document"; split_across_pack:
     default True when packed, so long documents continue in the next pack instead of being truncated
     (no truncation happens then; `max_seq_len` is the pack length).
     """
@@ -243,5 +245,6 @@ def text_completion_dataset(
         name=name,
         cache=cache,
         skip_blank=blank,
+        sample_by=sample_by,
     )
     return _maybe_pack(ds, packed, max_seq_len, split_across_pack)

@@ -256,6 +256,7 @@ def build_tokenized(
     cache: bool,
     template=None,
     skip_blank: Callable | None = None,
+    sample_by: str = "line",
 ) -> TokenizedDataset | PreferenceDataset:
     """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
@@ -267,6 +268,7 @@ def build_tokenized(
     if cache and _stable_repr(filter_fn):
         key = data_cache.cache_key(
             kind=kind,
+            sample_by=sample_by,
             filter_fn=repr(filter_fn),
             source=source_fingerprint(source, split, subset),
             column_map=dict(column_map or {}),
@@ -291,7 +293,7 @@ def build_tokenized(
                 report=report,
             )
 
-    rows = load_rows(source, split, subset)
+    rows = load_rows(source, split, subset, sample_by=sample_by)
 
     if kind == "preference":
 

@@ -53,17 +53,23 @@ def source_fingerprint(source: Any, split: str, subset: str | None) -> str:
     return f"hub:{source}:{subset}:{split}"
 
 
-def load_rows(source: Any, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
+def load_rows(
+    source: Any, split: str = "train", subset: str | None = None, sample_by: str = "line"
+) -> list[dict[str, Any]]:
     """Rows of `source` as a list of dicts.
 
     Args:
       source: a local file/folder path, a Hub dataset name (``"yahma/alpaca-cleaned"``) or a list of dicts.
       split: the split (``"train"``; slices like ``"train[:100]"`` work). Local files have only "train".
       subset: the Hub config name (e.g. ``"main"`` for GSM8K).
+      sample_by: for local .txt files: "line" (a row per line), "paragraph" (blank-line separated)
+        or "document" (a row per file).
     Raises `DataError` when the file is missing or unreadable, or the Hub dataset cannot be fetched.
     """
     if isinstance(source, (list, tuple)):
         return [dict(r) for r in source]
+    if sample_by not in ("line", "paragraph", "document"):
+        raise DataError(f"sample_by: {sample_by!r} is not one of line, paragraph, document")
     if not isinstance(split, str) or not split.strip():
         raise DataError(
             f"split: expected a split name like 'train' (slices like 'train[:90%]' work), got {split!r}"
@@ -83,10 +89,12 @@ def load_rows(source: Any, split: str = "train", subset: str | None = None) -> l
                 )
             if not os.access(path, os.R_OK):
                 raise DataError(f"source {str(source)!r}: file is not readable; fix its permissions")
-            ds = datasets.load_dataset(kind, data_files=str(path), split=split)
+            extra = {"sample_by": sample_by} if kind == "text" else {}
+            ds = datasets.load_dataset(kind, data_files=str(path), split=split, **extra)
         elif path.is_dir():
             kind, files = _folder_files(path)
-            ds = datasets.load_dataset(kind, data_files=files, split=split)
+            extra = {"sample_by": sample_by} if kind == "text" else {}
+            ds = datasets.load_dataset(kind, data_files=files, split=split, **extra)
         elif (
             any(sep in str(source) for sep in ("./", "/.", "\\"))
             or str(source).startswith(("/", "~"))

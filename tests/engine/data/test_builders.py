@@ -312,3 +312,17 @@ def test_datasets_pickle_for_loader_workers(tok):
     a = chat_dataset(t, source=rows, chat_format="chatml", cache=False)
     for d in (a, mix(datasets=[a, a], weights=[1, 2]), PackedDataset(ConcatDataset([a, a]), 64)):
         assert pickle.loads(pickle.dumps(d))[0] == d[0]
+
+
+def test_text_document_packs_a_whole_file(tok, data_dir):
+    t = tok("qwen3")
+    ds = text_completion_dataset(
+        t,
+        source=str(data_dir / "tinyshakespeare_input.txt"),
+        sample_by="document",
+        packed=True,
+        max_seq_len=4096,
+    )
+    assert ds.stats()["samples"] == 1 and len(ds) > 50  # one document continued over many packs
+    assert ds.efficiency > 0.99
+    assert t.decode(ds[0]["tokens"][:4]).startswith("First Citizen")
