@@ -19,10 +19,19 @@ from engine.tracking.errors import SchemaError, TrackerError
 from engine.tracking.paths import db_path, ensure_private_dir
 
 BUSY_TIMEOUT_MS = 60_000
-SCHEMA_VERSION = 1  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
+SCHEMA_VERSION = 2  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
+
+
+def _v1_to_v2(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE INDEX IF NOT EXISTS ix_metrics_run_name_value ON metrics (run_id, name, value)")
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS ix_metrics_run_name_rank_step ON metrics (run_id, name, rank, step, value)"
+    )
+    conn.execute("DROP INDEX IF EXISTS ix_metrics_run_name_step")
+
 
 # version N -> function migrating a database at version N to N+1, run inside one write transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
 
 _TABLES = ("runs", "metrics", "events", "eval_results", "schema_version")
 

@@ -107,10 +107,12 @@ def _eta(run: RunRecord, db: sqlite3.Connection) -> float | None:
     """Seconds left, from the step rate over the last 20 logged steps of this launch."""
     if run.status != "running" or not run.total_steps or run.step >= run.total_steps:
         return None
+    # rank 0's loss rows, newest first, through the (run_id, name, step) index; only this launch's
     rows = db.execute(
-        "SELECT step, MAX(time) FROM metrics WHERE run_id = ? AND time >= ? GROUP BY step ORDER BY step DESC LIMIT 20",
-        (run.id, run.started_at or 0.0),
+        "SELECT step, time FROM metrics WHERE run_id = ? AND name = 'loss' AND rank = 0 ORDER BY step DESC LIMIT 20",
+        (run.id,),
     ).fetchall()
+    rows = [(s, t) for s, t in rows if t >= (run.started_at or 0.0)]
     if len(rows) < 2:
         return None
     (s1, t1), (s0, t0) = rows[0], rows[-1]
@@ -138,11 +140,14 @@ def metrics_since(
     limit: int | None = None,
 ) -> list[MetricRow]:
     """Metric rows of a run with `id > after_id` (and `step > after_step` when given), in id order."""
-    sql = "SELECT id, step, name, value, time, rank FROM metrics WHERE run_id = ? AND id > ?"
-    args: list[object] = [run_id, after_id]
-    if after_step is not None:
-        sql += " AND step > ?"
-        args.append(after_step)
+    if after_step is None:  # walks the (run_id, id) index
+        sql = "SELECT id, step, name, value, time, rank FROM metrics WHERE run_id = ? AND id > ?"
+        args: list[object] = [run_id, after_id]
+    else:  # walks the (run_id, step) index; `+id` keeps the planner off the id index
+        sql = (
+            "SELECT id, step, name, value, time, rank FROM metrics WHERE run_id = ? AND step > ? AND +id > ?"
+        )
+        args = [run_id, after_step, after_id]
     if names:
         sql += f" AND name IN ({', '.join('?' for _ in names)})"
         args.extend(names)
@@ -166,16 +171,23 @@ def metric_series(
 ) -> list[tuple[int, float]]:
     """`(step, value)` of one metric in step order (`rank=None`: every rank). With `max_points`,
     evenly thinned to at most that many points (the last point always kept)."""
-    sql = "SELECT step, value FROM metrics WHERE run_id = ? AND name = ?"
-    args: list[object] = [run_id, name]
-    if rank is not None:
-        sql += " AND rank = ?"
-        args.append(rank)
-    sql += " ORDER BY step, id"
-    pts = [(s, from_db_float(v)) for s, v in db.execute(sql, args)]
+    where = "run_id = ? AND name = ?" + ("" if rank is None else " AND rank = ?")
+    args: list[object] = [run_id, name] + ([] if rank is None else [rank])
+    stride = 1
+    if max_points is not None and max_points > 1:
+        n, first, last = db.execute(
+            f"SELECT COUNT(*), MIN(step), MAX(step) FROM metrics WHERE {where}", args
+        ).fetchone()
+        stride = max(1, n // max_points)
+    if stride > 1:  # thin in SQL first (every stride-th step, the first and the last), then exactly below
+        sql = f"SELECT step, value FROM metrics WHERE {where} AND (step % ? = 0 OR step IN (?, ?)) ORDER BY step"
+        rows = db.execute(sql, [*args, stride, first, last])
+    else:
+        rows = db.execute(f"SELECT step, value FROM metrics WHERE {where} ORDER BY step", args)
+    pts = [(s, from_db_float(v)) for s, v in rows]
     if max_points is not None and len(pts) > max_points > 1:
-        stride = (len(pts) - 1) / (max_points - 1)
-        pts = [pts[round(i * stride)] for i in range(max_points)]
+        step_ = (len(pts) - 1) / (max_points - 1)
+        pts = [pts[round(i * step_)] for i in range(max_points)]
     return pts
 
 

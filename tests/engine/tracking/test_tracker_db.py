@@ -68,18 +68,33 @@ def test_migration_runs_each_step_in_one_transaction(tunebench_home, monkeypatch
     def add_color(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN color VARCHAR NOT NULL DEFAULT 'blue'")
 
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(dbmod.MIGRATIONS, 1, add_color)
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(dbmod.MIGRATIONS, 2, add_color)
+    with open_db() as db:
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 3
+        assert db.execute("SELECT name, color FROM runs").fetchall() == [("old", "blue")]
+
+
+def test_version_1_database_gets_the_value_index(tunebench_home):
+    with open_db() as db:
+        create_run(db=db, recipe="sft", config_text="", name="kept")
+        db.execute("DROP INDEX ix_metrics_run_name_value")
+        db.execute("DROP INDEX ix_metrics_run_name_rank_step")
+        db.execute("CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)")  # as in version 1
+        db.execute("UPDATE schema_version SET version = 1")
     with open_db() as db:
         assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 2
-        assert db.execute("SELECT name, color FROM runs").fetchall() == [("old", "blue")]
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"ix_metrics_run_name_value", "ix_metrics_run_name_rank_step"} <= names
+        assert "ix_metrics_run_name_step" not in names
+        assert db.execute("SELECT name FROM runs").fetchall() == [("kept",)]
 
 
 def test_missing_migration_is_refused(tunebench_home, monkeypatch):
     with open_db():
         pass
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 3)
-    with pytest.raises(SchemaError, match="no migration to 2"):
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 4)
+    with pytest.raises(SchemaError, match="no migration to 3"):
         connect()
 
 
