@@ -8,8 +8,9 @@ import argparse
 import contextlib
 import random
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -134,14 +135,16 @@ class StopFlag:
 
 
 @contextlib.contextmanager
-def returning_hidden(model: nn.Module) -> Iterator[None]:
-    """Within the block, `model(...)` returns `model.forward_hidden(...)` ([B,S,D], final-normed).
+def forward_replaced(model: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """Within the block, `model(...)` runs `forward(...)` instead of `model.forward`.
 
-    Calling the module (rather than `forward_hidden` directly) keeps FSDP2's and compile's hooks
-    in the path, so a sharded root's parameters are gathered and their gradients reduced; the
-    linear cross-entropy then uses `model.output_weight` without the `[B,S,V]` logits.
+    Calling the module (rather than a method directly) keeps FSDP2's and compile's hooks in the
+    path: a sharded root's parameters are gathered for the call and their gradients reduced after
+    backward. The SFT recipe runs the decoder's hidden states AND the linear cross-entropy (which
+    reads `model.output_weight`) inside one such call, so the output weight is gathered while used
+    and the `[B,S,V]` logits never exist.
     """
-    model.forward = model.forward_hidden
+    model.forward = forward
     try:
         yield
     finally:

@@ -35,11 +35,11 @@ from engine.config import ConfigError, instantiate, load_config
 from engine.recipes._common import (
     EpochBatchSampler,
     StopFlag,
+    forward_replaced,
     parse_dtype,
     parse_recipe_args,
     pick_device,
     resolve_model_dir,
-    returning_hidden,
     set_seed,
 )
 
@@ -288,6 +288,9 @@ class SFTRecipe:
             batch_sampler=sampler,
             collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
             num_workers=int(self.cfg.get("num_workers", 0)),
+            # Its own generator: each new iterator draws a worker seed, which must not advance the
+            # global RNG (dropout) differently in a resumed run than in an uninterrupted one.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def _setup_optimizer(self):
@@ -352,9 +355,14 @@ class SFTRecipe:
         labels = batch["labels"]  # [B,S], already shifted
         want_per_token = len(self.source_names) > 1
         if self.linear_ce:
-            with returning_hidden(self.model):
-                hidden = self.model(batch["tokens"], **kwargs)  # [B,S,D]
-            out = self.loss_fn(hidden, self.model.output_weight, labels, return_per_token=want_per_token)
+            model, loss_fn = self.model, self.loss_fn
+
+            def hidden_then_loss(tokens, **kw):
+                hidden = model.forward_hidden(tokens, **kw)  # [B,S,D]
+                return loss_fn(hidden, model.output_weight, labels, return_per_token=want_per_token)
+
+            with forward_replaced(model, hidden_then_loss):
+                out = model(batch["tokens"], **kwargs)
             return out if want_per_token else (out, None)
         logits = self.model(batch["tokens"], **kwargs)  # [B,S,V]
         per_token = self.loss_fn(logits, labels)  # [B,S] fp32, 0 where ignored
@@ -482,22 +490,22 @@ class SFTRecipe:
         return 0
 
     def _stop_requested(self) -> bool:
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0])
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
         return bool(_all_reduce_sum(flag).item() > 0)
 
     @torch.no_grad()
     def validate(self) -> float:
         """Mean token loss over the held-out split (or its first `max_batches`), logged as `val_loss`."""
         self.model.eval()
-        totals = torch.zeros(2, dtype=torch.float64)
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.val_loader.batch_sampler.set_epoch(0)
         for i, batch in enumerate(self.val_loader):
             if self.val_max_batches is not None and i >= int(self.val_max_batches):
                 break
             batch = self._to_device(batch)
             loss_sum, _ = self._token_losses(batch)
-            totals[0] += loss_sum.double().cpu()
-            totals[1] += (batch["labels"] != -100).sum().item()
+            totals[0] += loss_sum.double()
+            totals[1] += (batch["labels"] != -100).sum()
         _all_reduce_sum(totals)
         self.model.train()
         val = (totals[0] / totals[1].clamp(min=1)).item()
@@ -600,6 +608,24 @@ def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dat
     return train, val
 
 
+def check_config(cfg: dict) -> None:
+    """Refuse a config with problems (unknown keys, components, arguments) before anything is built.
+
+    Raises:
+        ConfigError: the first problem, and how many more `tunebench validate` would list.
+    """
+    from engine.config import validate
+
+    problems = validate(cfg, recipe="sft")
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
+            if len(problems) > 1
+            else ""
+        )
+        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+
+
 def recipe_main(argv: list[str] | None = None) -> int:
     """Entry point: parse `--config FILE [overrides]`, run, and end every rank with its exit code."""
     from engine.training import init_distributed, shutdown
@@ -609,6 +635,7 @@ def recipe_main(argv: list[str] | None = None) -> int:
     recipe = None
     try:
         cfg = load_config(config_path, overrides)
+        check_config(cfg)
         info = init_distributed()
         recipe = SFTRecipe(cfg, dist_info=info)
         recipe.setup()

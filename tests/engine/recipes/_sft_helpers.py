@@ -62,8 +62,9 @@ def tiny_config(assets: Path, output_dir: Path, **overrides) -> dict:
 
 def run_recipe(cfg: dict):
     """Set up and train in this process (as `python -m engine.recipes.sft` does); returns the recipe."""
-    from engine.recipes.sft import SFTRecipe
+    from engine.recipes.sft import SFTRecipe, check_config
 
+    check_config(cfg)
     previous = signal.getsignal(signal.SIGTERM)
     recipe = SFTRecipe(cfg)
     try:
@@ -77,3 +78,40 @@ def run_recipe(cfg: dict):
 
 def trainable_state(recipe) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in recipe.model.named_parameters() if v.requires_grad}
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def write_config(cfg: dict, path: Path) -> Path:
+    from engine.config import dump_config
+
+    path.write_text("# tunebench run sft --config " + path.name + "\n" + dump_config(cfg))
+    return path
+
+
+def recipe_env(home: Path, run_id: str | None = None) -> dict:
+    """The environment the launcher gives a recipe (one thread per rank on this small machine)."""
+    import os
+
+    env = dict(os.environ, TUNEBENCH_HOME=str(home), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("TUNEBENCH_RUN_ID", None)
+    if run_id is not None:
+        env["TUNEBENCH_RUN_ID"] = run_id
+    return env
+
+
+def new_run(home: Path) -> str:
+    from engine.tracking import open_db
+    from engine.tracking.runs import create_run
+
+    with open_db(home) as db:
+        return create_run(db=db, recipe="sft", config_text="{}").id
+
+
+def losses(home: Path, run_id: str) -> list[tuple[int, float]]:
+    from engine.tracking import open_db
+    from engine.tracking.readers import metric_series
+
+    with open_db(home) as db:
+        return metric_series(run_id, "loss", db=db)
