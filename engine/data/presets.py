@@ -31,7 +31,7 @@ from engine.data.templates import (
 )
 
 
-def _signature_of(builder, fixed: tuple[str, ...] = ("template",), **defaults: Any):
+def _signature_of(builder, fixed: tuple[str, ...] = (), **defaults: Any):
     """Give a preset the signature of its builder (without the arguments the preset fixes, with the
     preset's defaults), so `tunebench validate` checks a preset's arguments like the builder's."""
 
@@ -55,24 +55,34 @@ def _local(source: Any) -> bool:
     return isinstance(source, (list, tuple)) or Path(str(source)).expanduser().exists()
 
 
-@_signature_of(instruct_dataset, source="tatsu-lab/alpaca", train_on_input=True, name="alpaca")
+@_signature_of(
+    instruct_dataset,
+    source="tatsu-lab/alpaca",
+    train_on_input=True,
+    name="alpaca",
+    template=AlpacaInstructTemplate(),
+)
 def alpaca_dataset(tokenizer, *, source: Any = "tatsu-lab/alpaca", train_on_input: bool = True, **kwargs):
     """Alpaca (52k instructions). `train_on_input` defaults to True as in the original recipe."""
     kwargs.setdefault("name", "alpaca")
-    return instruct_dataset(
-        tokenizer, source=source, template=AlpacaInstructTemplate(), train_on_input=train_on_input, **kwargs
-    )
+    kwargs.setdefault("template", AlpacaInstructTemplate())
+    return instruct_dataset(tokenizer, source=source, train_on_input=train_on_input, **kwargs)
 
 
-@_signature_of(instruct_dataset, source="yahma/alpaca-cleaned", train_on_input=True, name="alpaca_cleaned")
+@_signature_of(
+    instruct_dataset,
+    source="yahma/alpaca-cleaned",
+    train_on_input=True,
+    name="alpaca_cleaned",
+    template=AlpacaInstructTemplate(),
+)
 def alpaca_cleaned_dataset(
     tokenizer, *, source: Any = "yahma/alpaca-cleaned", train_on_input: bool = True, **kwargs
 ):
     """Alpaca-cleaned (51.8k instructions with the original's errors fixed)."""
     kwargs.setdefault("name", "alpaca_cleaned")
-    return instruct_dataset(
-        tokenizer, source=source, template=AlpacaInstructTemplate(), train_on_input=train_on_input, **kwargs
-    )
+    kwargs.setdefault("template", AlpacaInstructTemplate())
+    return instruct_dataset(tokenizer, source=source, train_on_input=train_on_input, **kwargs)
 
 
 @_signature_of(chat_dataset, ("conversation_style",), source="Open-Orca/SlimOrca-Dedup", name="slimorca")
@@ -82,19 +92,29 @@ def slimorca_dataset(tokenizer, *, source: Any = "Open-Orca/SlimOrca-Dedup", **k
     return chat_dataset(tokenizer, source=source, conversation_style="sharegpt", **kwargs)
 
 
-@_signature_of(instruct_dataset, source="Samsung/samsum", name="samsum", column_map={"output": "summary"})
+@_signature_of(
+    instruct_dataset,
+    source="Samsung/samsum",
+    name="samsum",
+    column_map={"output": "summary"},
+    template=SummarizeTemplate(),
+)
 def samsum_dataset(tokenizer, *, source: Any = "Samsung/samsum", **kwargs):
     """SAMSum dialogue summaries (``dialogue`` -> ``summary``)."""
     kwargs.setdefault("name", "samsum")
+    kwargs.setdefault("template", SummarizeTemplate())
     kwargs.setdefault("column_map", {"output": "summary"})
-    return instruct_dataset(tokenizer, source=source, template=SummarizeTemplate(), **kwargs)
+    return instruct_dataset(tokenizer, source=source, **kwargs)
 
 
-@_signature_of(instruct_dataset, source="liweili/c4_200m", name="grammar")
+@_signature_of(
+    instruct_dataset, source="liweili/c4_200m", name="grammar", template=GrammarErrorCorrectionTemplate()
+)
 def grammar_dataset(tokenizer, *, source: Any = "liweili/c4_200m", **kwargs):
     """C4-200M grammar correction pairs (``input`` -> ``output``)."""
     kwargs.setdefault("name", "grammar")
-    return instruct_dataset(tokenizer, source=source, template=GrammarErrorCorrectionTemplate(), **kwargs)
+    kwargs.setdefault("template", GrammarErrorCorrectionTemplate())
+    return instruct_dataset(tokenizer, source=source, **kwargs)
 
 
 @_signature_of(
@@ -102,12 +122,14 @@ def grammar_dataset(tokenizer, *, source: Any = "liweili/c4_200m", **kwargs):
     source="lvwerra/stack-exchange-paired",
     name="stack_exchange_paired",
     column_map={"chosen": "response_j", "rejected": "response_k"},
+    template=StackExchangedPairedTemplate(),
 )
 def stack_exchange_paired_dataset(tokenizer, *, source: Any = "lvwerra/stack-exchange-paired", **kwargs):
     """Stack Exchange preference pairs (``question``; ``response_j`` preferred over ``response_k``)."""
     kwargs.setdefault("name", "stack_exchange_paired")
+    kwargs.setdefault("template", StackExchangedPairedTemplate())
     kwargs.setdefault("column_map", {"chosen": "response_j", "rejected": "response_k"})
-    return preference_dataset(tokenizer, source=source, template=StackExchangedPairedTemplate(), **kwargs)
+    return preference_dataset(tokenizer, source=source, **kwargs)
 
 
 @_signature_of(preference_dataset, source="Anthropic/hh-rlhf", name="hh_rlhf")
@@ -118,16 +140,20 @@ def hh_rlhf_dataset(tokenizer, *, source: Any = "Anthropic/hh-rlhf", **kwargs):
 
 
 @_signature_of(
-    instruct_dataset, source="openai/gsm8k", subset="main", name="gsm8k", column_map={"output": "answer"}
+    instruct_dataset,
+    source="openai/gsm8k",
+    subset="main",
+    name="gsm8k",
+    column_map={"output": "answer"},
+    template=QuestionAnswerTemplate(),
 )
 def gsm8k_dataset(tokenizer, *, source: Any = "openai/gsm8k", subset: str | None = "main", **kwargs):
     """GSM8K grade-school maths (``question`` -> ``answer`` ending in ``#### N``)."""
     kwargs.setdefault("name", "gsm8k")
+    kwargs.setdefault("template", QuestionAnswerTemplate())
     kwargs.setdefault("column_map", {"output": "answer"})
     subset = None if _local(source) else subset
-    return instruct_dataset(
-        tokenizer, source=source, subset=subset, template=QuestionAnswerTemplate(), **kwargs
-    )
+    return instruct_dataset(tokenizer, source=source, subset=subset, **kwargs)
 
 
 @_signature_of(

@@ -326,3 +326,13 @@ def test_text_document_packs_a_whole_file(tok, data_dir):
     assert ds.stats()["samples"] == 1 and len(ds) > 50  # one document continued over many packs
     assert ds.efficiency > 0.99
     assert t.decode(ds[0]["tokens"][:4]).startswith("First Citizen")
+
+
+def test_preset_template_override(tok, data_dir):
+    ds = gsm8k_dataset(
+        tok("qwen3"),
+        source=str(data_dir / "gsm8k_test.jsonl"),
+        split="train[:2]",
+        template="Q: {question}\nA: ",
+    )
+    assert tok("qwen3").decode(ds[0]["tokens"]).startswith("Q: ")
