@@ -59,9 +59,8 @@ class RotaryEmbedding(nn.Module):
         base (float): RoPE theta; default 10000.
         scaling (Llama3RopeScaling | None): Llama-3 frequency scaling, or None for the default schedule.
 
-    `forward(position_ids [B,S] long, dtype) -> (cos, sin)`, each `[B,S,head_dim]` in `dtype`.
-    Raises ValueError when a position is beyond the table is detected at build time only through
-    `max_seq_len`; gathering an out-of-range id raises IndexError from torch.
+    `forward(position_ids [B,S] or [1,S] long, dtype) -> (cos, sin)`, each `[B|1,S,head_dim]` in `dtype`.
+    Raises ValueError for an odd head_dim; a position id >= max_seq_len raises IndexError (torch).
     """
 
     def __init__(

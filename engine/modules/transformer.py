@@ -163,8 +163,9 @@ class TransformerDecoder(nn.Module):
         if self._cache_len is not None and input_pos is None:
             raise ValueError("KV caches are set up: pass input_pos (cache slots of these tokens)")
         if position_ids is None:
+            # [1,S]: one RoPE table row per position, broadcast over the batch
             base = input_pos if input_pos is not None else torch.arange(s, device=tokens.device)
-            position_ids = base.expand(b, s)
+            position_ids = base[None, :]
         h = self.tok_embeddings(tokens)  # [B,S,D]
         rope = self.rope(position_ids, h.dtype)  # cos, sin: [B,S,hd]
         attn_mask = self._attention_mask(tokens, document_ids, mask, input_pos)
