@@ -121,7 +121,7 @@ class RunsScreen(Screen):
             self.notify("no run selected", severity="warning")
         return ids[:1] if one else ids
 
-    def _name(self, run_id: str) -> str:
+    def _run_name(self, run_id: str) -> str:
         return str(self.query_one(RunsTable).rows_by_id.get(run_id, {}).get("name") or run_id)
 
     def action_open(self) -> None:
@@ -154,7 +154,7 @@ class RunsScreen(Screen):
         ids = self._selected()
         if not ids:
             return
-        names = ", ".join(self._name(r) for r in ids)
+        names = ", ".join(self._run_name(r) for r in ids)
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -165,7 +165,7 @@ class RunsScreen(Screen):
 
     def action_export(self) -> None:
         for rid in self._selected(one=True):
-            default = f"{self._name(rid)}.yaml"
+            default = f"{self._run_name(rid)}.yaml"
 
             def chosen(path: str | None, rid=rid) -> None:
                 if path:
@@ -175,7 +175,7 @@ class RunsScreen(Screen):
 
     def action_delete(self) -> None:
         for rid in self._selected(one=True):
-            name = self._name(rid)
+            name = self._run_name(rid)
 
             def answered(yes: bool | None, rid=rid) -> None:
                 if yes:
@@ -232,7 +232,7 @@ class RunsScreen(Screen):
         self.post_message(ActionDone(action, text, run_id=run_id))
 
     def on_action_done(self, message: ActionDone) -> None:
-        name = self._name(message.run_id) if message.run_id else ""
+        name = self._run_name(message.run_id) if message.run_id else ""
         self.notify(f"{name}: {message.text}", severity="information" if message.ok else "error")
         self.refresh_runs()
 

@@ -1,0 +1,213 @@
+"""Pilot tests of the Runs table (filter, sort, marks, tag, note, typed-confirm delete), the Data
+screen (compose a mix with a live preview) and app-level behaviour (help, themes, redraw rate,
+lazy imports). Runs here are written straight into the tracker (no processes), so these are quick."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workbench.app import make_app, refresh_interval
+
+SIZE = (110, 36)
+
+
+def make_finished_run(name: str, recipe: str, losses: list[float], config: str, *, started: float = 1.7e9):
+    """A completed run with a loss curve, written through the tracker's own writer."""
+    from engine.tracking import MetricLogger
+    from engine.tracking.db import open_db
+    from engine.tracking.runs import create_run, update_run
+
+    with open_db() as db:
+        run = create_run(db=db, recipe=recipe, config_text=config, name=name, model="smollm2_135m")
+        update_run(run.id, db=db, status="completed", started_at=started, ended_at=started + 90, exit_code=0)
+    log = MetricLogger(run_id=run.id, echo=False, max_delay_s=0)
+    for step, loss in enumerate(losses, start=1):
+        log.log(step, {"loss": loss, "lr": 1e-3, "tokens_per_sec": 1000.0 + step})
+        log.log(step, {"mem_peak_gb": 1.5}, rank=0)
+        log.set_progress(step, len(losses))
+    log.event(len(losses), "checkpoint", f"checkpoints/step_{len(losses)}")
+    log.close()
+    return run.id
+
+
+async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def test_runs_filter_sort_mark_tag_note_and_typed_delete(tunebench_home):
+    from workbench.screens.confirm import TextPromptScreen, TypedConfirmScreen
+    from workbench.widgets.runs_table import RunsTable
+
+    a = make_finished_run("alpha", "sft", [2.0, 1.5, 1.2], "lr: 0.001\n", started=1.7e9)
+    b = make_finished_run("beta", "dpo", [0.7, 0.6], "lr: 0.0005\n", started=1.7e9 + 100)
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunsTable)
+        await wait_for(pilot, lambda: len(table.rows_by_id) == 2, what="two runs")
+        assert table.visible_ids == [b, a], "newest first"
+        assert table.rows_by_id[a]["last_loss"] == pytest.approx(1.2)
+
+        # `/` filters by words in name/status/recipe/model/tags.
+        await pilot.press("slash")
+        for ch in "dpo":
+            await pilot.press(ch)
+        await wait_for(pilot, lambda: table.visible_ids == [b], what="filtered")
+        await pilot.press("enter")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: len(table.visible_ids) == 2, what="filter cleared")
+
+        # Sort: `s` cycles the column; sorting by loss ascending puts beta (0.6) first.
+        table.sort_by("last_loss")
+        assert table.sort_column == "last_loss" and table.visible_ids == [b, a]
+        table.sort_by("last_loss")
+        assert table.visible_ids == [a, b], "same column again flips the order"
+        await pilot.press("s")
+        assert table.sort_column != "last_loss"
+
+        # Space marks runs; marks survive a live refresh.
+        table.move_cursor(row=table.visible_ids.index(a))
+        await pilot.press("space")
+        table.move_cursor(row=table.visible_ids.index(b))
+        await pilot.press("space")
+        assert table.marked == {a, b}
+        app.screen.refresh_runs()
+        await pilot.pause(0.5)
+        assert table.marked == {a, b}
+        await pilot.press("space")  # unmark beta
+        assert table.selected_ids() == [a]
+
+        # Tag and note the marked run (alpha).
+        await pilot.press("t")
+        prompt = await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen) and app.screen)
+        prompt.query_one("#text").value = "baseline, lora"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: table.rows_by_id[a].get("tags") == "baseline,lora", what="tags saved")
+        await pilot.press("o")
+        prompt = await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen) and app.screen)
+        prompt.query_one("#text").value = "first try"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: table.rows_by_id[a].get("notes") == "first try", what="note saved")
+        table.set_filter("baseline")
+        assert table.visible_ids == [a], "tags are searchable"
+        table.set_filter("")
+
+        # Delete asks for the run's name typed out; a wrong name keeps the run.
+        run_dir = tunebench_home / "runs" / a
+        assert run_dir.is_dir()
+        await pilot.press("D")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, TypedConfirmScreen) and app.screen)
+        dialog.query_one("#typed").value = "alph"
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, TypedConfirmScreen) and run_dir.is_dir()
+        dialog.query_one("#typed").value = "alpha"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: a not in table.rows_by_id, what="alpha deleted")
+        assert not run_dir.exists() and list(table.rows_by_id) == [b]
+
+
+async def test_live_screen_of_a_finished_run_and_recipe_panels(tunebench_home):
+    from engine.tracking import MetricLogger
+    from workbench.screens.live import LiveRunScreen
+    from workbench.widgets.metric_plot import MetricPlot
+
+    rid = make_finished_run("gamma", "dpo", [0.69, 0.6, 0.5, 0.45], "lr: 0.0001\n")
+    log = MetricLogger(run_id=rid, echo=False, max_delay_s=0)
+    for step in range(1, 5):
+        log.log(step, {"rewards/chosen": 0.1 * step, "rewards/margins": 0.2 * step})
+        log.log(step, {"mem_peak_gb": 1.7}, rank=1)
+    log.close()
+    (tunebench_home / "runs" / rid / "stdout.log").write_text("step 4/4 | loss 0.45\ndone\n")
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("live", run_id=rid))
+        live = await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen) and app.screen)
+        await wait_for(pilot, lambda: live.query("#plot-recipe"), what="recipe panel")
+        await pilot.pause(0.3)
+        assert live.series["loss"][0] == ([1, 2, 3, 4], [0.69, 0.6, 0.5, 0.45])
+        mem = live.query_one("#plot-mem", MetricPlot).series
+        assert set(mem) == {"mem_peak_gb r0", "mem_peak_gb r1"}, "memory per rank"
+        recipe = live.query_one("#plot-recipe", MetricPlot).series
+        assert set(recipe) == {"rewards/chosen", "rewards/margins"}
+        assert "done" in "\n".join(live.query_one("LogTail").lines)
+        assert "step 4/4" in str(live.query_one("#progress-text").render())
+
+
+async def test_compose_a_mix_with_preview_and_stats(tunebench_home, shared_assets):
+    from workbench.screens.data import DataScreen
+    from workbench.screens.recipe_options import get_path
+
+    tok = str(shared_assets / "tokenizers" / "smollm2" / "tokenizer.json")
+    gsm8k = str(shared_assets / "data" / "gsm8k_test.jsonl")
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        data = await wait_for(pilot, lambda: isinstance(app.screen, DataScreen) and app.screen)
+        data.query_one("#tokenizer").value = tok
+        # Source 1: the built-in demo preset (generated offline).
+        data.action_add()
+        await wait_for(pilot, lambda: data.stats[0], 60, "demo stats")
+        spans = data.query_one("SamplePreview").content.spans
+        assert any(s.style == "dim" for s in spans) and any(s.style == "bold" for s in spans), "masked dimmed"
+        assert data.stats[0]["count"] > 100 and data.stats[0]["max"] >= data.stats[0]["p95"]
+        # Source 2: GSM8K from a local file through the preset, weight 3.
+        data.query_one("#source").value = gsm8k
+        data.query_one("#preset").value = "gsm8k"
+        data.query_one("#weight").value = "3"
+        data.action_add()
+        await wait_for(pilot, lambda: data.stats[1], 90, "gsm8k stats")
+        assert data.stats[1]["count"] == 1319
+        node = app.dataset_node
+        assert node["_component_"] == "engine.data.mix" and node["weights"] == [1.0, 3.0]
+        assert get_path(node, "datasets.1.source") == gsm8k
+        # A bad column map is one line naming the field.
+        data.query_one("#kind").value = "local file"
+        data.query_one("#source").value = gsm8k
+        data.query_one("#column-map").value = "question"
+        data.action_add()
+        assert "column map" in str(data.query_one("#data-status").render())
+        # Next sample moves the preview.
+        before = data.sample_index
+        await pilot.press("ctrl+n")
+        assert data.sample_index == before + 1
+
+
+async def test_help_themes_and_navigation(tunebench_home, monkeypatch):
+    from workbench.screens.help import HelpScreen
+    from workbench.screens.runs import RunsScreen
+
+    app = make_app(interval=0.2, theme="light")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.theme == "textual-light"
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await pilot.press("escape")
+        await pilot.press("ctrl+t")
+        assert app.theme == "ansi-dark"
+        for key in ("f2", "f3", "f4"):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+        assert len(app.screen_stack) == 4
+        await pilot.press("f1")
+        assert isinstance(app.screen, RunsScreen) and len(app.screen_stack) == 1
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.1 5000 10.0.0.2 22")
+    assert refresh_interval() == 1.0
+    monkeypatch.delenv("SSH_CONNECTION")
+    assert refresh_interval() == 0.5
+
+
+def test_app_import_is_light():
+    """The workbench imports neither torch nor datasets at startup (they load inside workers)."""
+    code = "import sys, workbench.app, workbench.screens.runs; print(sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
