@@ -132,3 +132,39 @@ def test_ctrl_c_without_a_terminal_detaches_and_the_run_goes_on(cfg, tunebench_h
     with open_db() as db:
         done = readers.get_run("bg", db=db)
     assert (done.status, done.step) == ("completed", 60)
+
+
+def test_ctrl_c_on_a_terminal_asks_and_s_stops_the_run(cfg, tunebench_home):
+    import pty
+
+    master, slave = pty.openpty()
+    cmd = [sys.executable, "-m", "workbench.cli", "run", "lsq", "--module", "lsq_recipe", "--config", str(cfg),
+           "steps=2000", "step_delay_s=0.05", "--name", "tty"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float) -> bytes:
+        nonlocal seen
+        import select
+
+        deadline = time.monotonic() + timeout
+        while marker not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        return seen
+
+    assert b"/2000" in read_until(b"/2000", 120)  # the progress bar is drawn
+    proc.send_signal(signal.SIGINT)
+    assert b"stop the run or detach? [s/d]" in read_until(b"[s/d]", 30)
+    os.write(master, b"s\n")
+    assert proc.wait(timeout=120) == 0
+    read_until(b"exit code", 5)
+    os.close(master)
+    assert b"run tty stopped" in seen
+    with open_db() as db:
+        assert readers.get_run("tty", db=db).status == "stopped"

@@ -1,6 +1,7 @@
 """The launcher with real subprocesses: torchrun runs the least-squares test recipe
 (tests/workbench/recipes_for_tests/lsq_recipe.py) under a detached supervisor."""
 
+import json
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ import torch
 
 from engine.tracking import open_db, readers
 from workbench import launcher
+from workbench.cli import main
 from workbench.errors import UserError
 
 RECIPES = Path(__file__).resolve().parent / "recipes_for_tests"
@@ -107,7 +109,7 @@ def test_stop_then_resume_equals_an_uninterrupted_run(lsq):
     assert kinds.count("resume") == 1 and "stop" in kinds
 
 
-def test_kill9_of_everything_is_found_lost_then_resumes_with_each_step_once(lsq):
+def test_kill9_of_everything_is_found_lost_then_resumes_with_each_step_once(lsq, capsys):
     run = _start(lsq(steps=80, checkpoint_every=10, step_delay_s=0.05), name="victim")
     running = _wait_step(run.id, 25)
     workers = launcher.run_workers(run.id)
@@ -115,12 +117,15 @@ def test_kill9_of_everything_is_found_lost_then_resumes_with_each_step_once(lsq)
     os.kill(running.supervisor_pid, signal.SIGKILL)
     for proc in workers:
         proc.kill()
+    # any tunebench command first reconciles: `tunebench runs --json` reports the run failed
     deadline = time.monotonic() + 30
-    lost = []
-    while not lost and time.monotonic() < deadline:
-        lost = launcher.reconcile_lost()
+    status = "running"
+    while status == "running" and time.monotonic() < deadline:
+        capsys.readouterr()
+        assert main(["runs", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)[0]["status"]
         time.sleep(0.2)
-    assert lost == [run.id]
+    assert status == "failed"
     with open_db() as db:
         dead = readers.get_run(run.id, db=db)
         logged = [s for s, _ in readers.metric_series(run.id, "loss", db=db)]
@@ -163,3 +168,26 @@ def test_clone_export_and_refusals(lsq, tmp_path):
     with pytest.raises(ConfigError, match="taken"):
         launcher.create_run("lsq", config_path=lsq(), module="lsq_recipe", name="base")
     assert sorted(p.name for p in (launcher.run_dir("x").parent).iterdir()) == before  # nothing half-written
+
+
+@pytest.mark.distributed
+def test_two_ranks_log_per_rank_memory_and_both_stop_on_sigterm(lsq):
+    run = _start(lsq(steps=400, checkpoint_every=1000, step_delay_s=0.05), nproc=2, name="two")
+    _wait_step(run.id, 5)
+    assert len(launcher.run_workers(run.id)) == 3  # torchrun + 2 workers
+    done = launcher.stop(run.id, grace_s=60)
+    assert done.status == "stopped" and done.nproc == 2
+    assert launcher.run_workers(run.id) == []
+    with open_db() as db:
+        ranks = {r for _, _, r in db.execute(
+            "SELECT step, value, rank FROM metrics WHERE run_id = ? AND name = 'mem_peak_gb'", (run.id,)
+        )}  # fmt: skip
+        loss_ranks = {
+            r
+            for (r,) in db.execute(
+                "SELECT DISTINCT rank FROM metrics WHERE run_id = ? AND name = 'loss'", (run.id,)
+            )
+        }
+    assert ranks == {0, 1} and loss_ranks == {0}
+    n = launcher.latest_checkpoint_step(done.output_dir)
+    assert n is not None and 5 <= n < 400
