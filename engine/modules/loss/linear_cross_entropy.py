@@ -57,17 +57,24 @@ class _ChunkedLinearCE(torch.autograd.Function):
         if need_grad:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
+        ctx.backward_done = False
         ctx.mark_non_differentiable(per_token)
         return per_token.sum(), per_token
 
     @staticmethod
     def backward(ctx, grad_total: Tensor, _grad_per_token: Tensor):
+        if ctx.backward_done:
+            raise RuntimeError(
+                "LinearCrossEntropyLoss supports one backward per forward (no retain_graph reuse)"
+            )
+        ctx.backward_done = True
         grad_hidden, grad_weight = ctx.saved_tensors
         grad_h = grad_w = None
+        # In place: a second [V, D] buffer at the end of backward would raise the peak for nothing.
         if ctx.needs_input_grad[0]:
-            grad_h = grad_hidden * grad_total.to(grad_hidden.dtype)
+            grad_h = grad_hidden.mul_(grad_total.to(grad_hidden.dtype))
         if ctx.needs_input_grad[1]:
-            grad_w = (grad_weight * grad_total).to(ctx.weight_dtype)
+            grad_w = grad_weight.mul_(grad_total).to(ctx.weight_dtype)
         return grad_h, grad_w, None, None, None
 
 
