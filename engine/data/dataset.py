@@ -78,6 +78,75 @@ def _check_template_fields(template, row: Mapping[str, Any], source: str) -> Non
             )
 
 
+class _Convert:
+    """Row (after column_map) -> ``(ids, mask)``, or a chosen/rejected pair of them for preference
+    data. A plain object (not a closure) so worker processes can receive it."""
+
+    def __init__(self, tokenizer, kind: str, transform, chat_format, max_seq_len: int | None):
+        self.tokenizer, self.kind, self.transform = tokenizer, kind, transform
+        self.chat_format, self.max_seq_len = chat_format, max_seq_len
+
+    def __call__(self, row: dict[str, Any]):
+        tok, fmt, n = self.tokenizer, self.chat_format, self.max_seq_len
+        if self.kind == "preference":
+            chosen, rejected = self.transform(row)
+            return (
+                _trained(tokenize_messages(tok, chosen, fmt, n), "chosen"),
+                _trained(tokenize_messages(tok, rejected, fmt, n), "rejected"),
+            )
+        return _trained(tokenize_messages(tok, self.transform(row), fmt, n), "output")
+
+
+_WORKER: dict[str, Any] = {}  # per worker process: the converter etc., sent once by the pool initializer
+
+
+def _init_worker(column_map, convert, filter_fn, skip_blank, stop_at_bad) -> None:
+    _WORKER.update(
+        column_map=column_map, convert=convert, filter_fn=filter_fn, skip_blank=skip_blank, stop=stop_at_bad
+    )
+
+
+def _worker_chunk(args) -> list[tuple[str, int, Any]]:
+    start, rows = args
+    w = _WORKER
+    return _process_chunk(
+        start, rows, w["column_map"], w["convert"], w["filter_fn"], w["skip_blank"], w["stop"]
+    )
+
+
+def _process_chunk(
+    start, rows, column_map, convert, filter_fn, skip_blank, stop_at_bad
+) -> list[tuple[str, int, Any]]:
+    """Run rows ``start..`` of one chunk: ``[("ok"|"filtered"|"bad", row index, value), ...]``.
+    With `stop_at_bad` the chunk ends at its first bad row (the caller raises on it)."""
+    out: list[tuple[str, int, Any]] = []
+    for k, row in enumerate(rows):
+        idx = start + k
+        try:
+            mapped = apply_column_map(row, column_map)
+            if (skip_blank is not None and skip_blank(mapped)) or (
+                filter_fn is not None and not filter_fn(mapped)
+            ):
+                out.append(("filtered", idx, None))
+                continue
+            out.append(("ok", idx, convert(mapped)))
+        except RowError as exc:
+            out.append(("bad", idx, (exc.field, exc.problem)))
+            if stop_at_bad:
+                break
+    return out
+
+
+def _picklable(*objs) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(objs)
+    except Exception:  # lambdas, local classes, open handles: run in this process instead
+        return False
+    return True
+
+
 def run_rows(
     rows: list[dict[str, Any]],
     *,
@@ -88,35 +157,49 @@ def run_rows(
     skip_bad_rows: bool,
     template=None,
     skip_blank: Callable[[dict[str, Any]], bool] | None = None,
+    num_proc: int = 1,
 ) -> tuple[list[Any], _Report]:
     """Apply `column_map`, `filter_fn` and `convert` to every row; collect results and a report.
 
+    `num_proc > 1` converts chunks of rows in that many spawned worker processes (results keep row
+    order; falls back to one process when `convert`/`filter_fn` cannot be pickled, e.g. a lambda).
     Raises `DataError` naming source, row and field for the first bad row (unless `skip_bad_rows`),
     for an empty source, and when no row is usable.
     """
     report = _Report(rows=len(rows))
     if not rows:
         raise DataError(f"source {source_label!r}: has no rows; check the file, split or filter")
+    if not isinstance(num_proc, int) or num_proc < 1:
+        raise DataError(f"num_proc: must be a positive integer, got {num_proc!r}")
     try:
         first = apply_column_map(rows[0], column_map)
     except RowError as exc:
         raise DataError(f"{where(source_label, 0, exc.field)}: {exc.problem}") from None
     _check_template_fields(template, first, source_label)
+    cmap = dict(column_map) if column_map else None
+    stop = not skip_bad_rows
+    if num_proc > 1 and len(rows) >= 2 * num_proc and _picklable(convert, filter_fn, skip_blank):
+        import multiprocessing
+
+        size = -(-len(rows) // (num_proc * 4))
+        chunks = [(i, rows[i : i + size]) for i in range(0, len(rows), size)]
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (torch, tokenizers)
+        init = (cmap, convert, filter_fn, skip_blank, stop)
+        with ctx.Pool(num_proc, initializer=_init_worker, initargs=init) as pool:
+            results = [r for part in pool.map(_worker_chunk, chunks) for r in part]
+    else:
+        results = _process_chunk(0, rows, cmap, convert, filter_fn, skip_blank, stop)
     out = []
-    for idx, row in enumerate(rows):
-        try:
-            mapped = apply_column_map(row, column_map)
-            if skip_blank is not None and skip_blank(mapped):
-                report.filtered += 1
-                continue
-            if filter_fn is not None and not filter_fn(mapped):
-                report.filtered += 1
-                continue
-            out.append(convert(mapped))
-        except RowError as exc:
-            msg = f"{where(source_label, idx, exc.field)}: {exc.problem}"
+    for status, idx, value in results:
+        if status == "ok":
+            out.append(value)
+        elif status == "filtered":
+            report.filtered += 1
+        else:
+            field, problem = value
+            msg = f"{where(source_label, idx, field)}: {problem}"
             if not skip_bad_rows:
-                raise DataError(msg + " (or set skip_bad_rows: true to drop such rows)") from None
+                raise DataError(msg + " (or set skip_bad_rows: true to drop such rows)")
             report.skipped += 1
             report.first_problem = report.first_problem or msg
     if report.skipped:
@@ -257,6 +340,7 @@ def build_tokenized(
     template=None,
     skip_blank: Callable | None = None,
     sample_by: str = "line",
+    num_proc: int = 1,
 ) -> TokenizedDataset | PreferenceDataset:
     """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
@@ -295,20 +379,7 @@ def build_tokenized(
 
     rows = load_rows(source, split, subset, sample_by=sample_by)
 
-    if kind == "preference":
-
-        def convert(row):
-            chosen, rejected = transform(row)
-            return (
-                _trained(tokenize_messages(tokenizer, chosen, chat_format, max_seq_len), "chosen"),
-                _trained(tokenize_messages(tokenizer, rejected, chat_format, max_seq_len), "rejected"),
-            )
-
-    else:
-
-        def convert(row):
-            return _trained(tokenize_messages(tokenizer, transform(row), chat_format, max_seq_len), "output")
-
+    convert = _Convert(tokenizer, kind, transform, chat_format, max_seq_len)
     out, report = run_rows(
         rows,
         source_label=label,
@@ -318,6 +389,7 @@ def build_tokenized(
         skip_bad_rows=skip_bad_rows,
         template=template,
         skip_blank=skip_blank,
+        num_proc=num_proc,
     )
     meta = {"rows": report.rows, "skipped": report.skipped, "filtered": report.filtered}
     if kind == "preference":

@@ -336,3 +336,15 @@ def test_preset_template_override(tok, data_dir):
         template="Q: {question}\nA: ",
     )
     assert tok("qwen3").decode(ds[0]["tokens"]).startswith("Q: ")
+
+
+@pytest.mark.slow  # spawns two workers that import torch and rebuild the tokenizer (~30 s on a busy 2-core box)
+def test_num_proc_workers_match_one_process(tok, tmp_path):
+    t = tok("qwen3")
+    rows = [{"input": f"question {i}?", "output": f"answer {i}" if i != 37 else ""} for i in range(80)]
+    one = instruct_dataset(t, source=rows, skip_bad_rows=True, cache=False)
+    two = instruct_dataset(t, source=rows, skip_bad_rows=True, cache=False, num_proc=2)
+    assert len(one) == len(two) == 79 and two.skipped == 1
+    assert all(one[i] == two[i] for i in range(len(one)))
+    with pytest.raises(DataError, match="row 37 field 'output'"):
+        instruct_dataset(t, source=rows, cache=False, num_proc=2)
