@@ -80,6 +80,7 @@ def test_exit_codes_statuses_and_error_tail(lsq):
     assert "steps: must be a positive integer" in bad.error
 
 
+@pytest.mark.slow
 def test_stop_then_resume_equals_an_uninterrupted_run(lsq):
     cfg = lsq(steps=60, checkpoint_every=1000, step_delay_s=0.05)
     ref = _start(cfg, name="reference")
