@@ -8,7 +8,13 @@ Samples: ``{"tokens", "labels" (already shifted, -100 = ignored), "source_id"}``
 docs/ARCHITECTURE.md ("Data") for the batch layouts. Tokenizers live in `engine.data.tokenizers`.
 """
 
-from engine.data.builders import chat_dataset, instruct_dataset, preference_dataset, text_completion_dataset
+from engine.data.builders import (
+    ConversationToMessages,
+    chat_dataset,
+    instruct_dataset,
+    preference_dataset,
+    text_completion_dataset,
+)
 from engine.data.chat_formats import (
     ChatFormat,
     ChatMLFormat,
@@ -76,6 +82,7 @@ __all__ = [
     "ChosenRejectedToMessages",
     "ColumnFilter",
     "ConcatDataset",
+    "ConversationToMessages",
     "DataError",
     "GrammarErrorCorrectionTemplate",
     "InputOutputToMessages",

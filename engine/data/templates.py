@@ -182,19 +182,29 @@ def resolve_template(template: Any) -> PromptTemplateInterface | None:
     if isinstance(obj, type):
         obj = obj()
     if not isinstance(obj, PromptTemplateInterface):
-        known = ", ".join(n for n in dir(data_pkg) if n.endswith("Template") and not n.startswith("Prompt"))
+        known = _template_names()
         raise DataError(
             f"template: {template!r} is not a prompt template; use one of {known} or PromptTemplate"
         )
     return obj
 
 
-def _import_allowed(dotted: str) -> Any:
-    try:
-        from engine.config import import_component  # type: ignore[attr-defined]
-    except ImportError:
-        import engine.data as data_pkg
+def _template_names() -> str:
+    import engine.data as data_pkg
 
-        known = ", ".join(n for n in dir(data_pkg) if n.endswith("Template"))
-        raise DataError(f"template: unknown template {dotted!r}; use one of {known}") from None
-    return import_component(dotted)
+    return ", ".join(
+        n
+        for n in dir(data_pkg)
+        if isinstance(getattr(data_pkg, n), type) and issubclass(getattr(data_pkg, n), InstructTemplate)
+    )
+
+
+def _import_allowed(dotted: str) -> Any:
+    """A template class named outside engine.data, imported through engine.config's allow-list."""
+    if "." not in dotted:
+        raise DataError(
+            f"template: unknown template {dotted!r}; use one of {_template_names()}, or a '...{{column}}...' string"
+        )
+    from engine.config import import_component
+
+    return import_component(dotted, field="template")

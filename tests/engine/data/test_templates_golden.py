@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import ConfigError
 from engine.data import (
     AlpacaInstructTemplate,
     DataError,
@@ -127,3 +128,10 @@ def test_bad_templates():
         PromptTemplate("Q: {}")
     with pytest.raises(DataError, match="malformed"):
         PromptTemplate("Q: {question")
+
+
+def test_template_names_resolve_or_explain():
+    with pytest.raises(DataError, match="unknown template 'Alpaca'; use one of AlpacaInstructTemplate"):
+        resolve_template("Alpaca")
+    with pytest.raises(ConfigError, match="not under an allowed prefix"):
+        resolve_template("mypkg.templates.Custom")  # other packages go through engine.config's allow-list
