@@ -183,9 +183,7 @@ def resolve_template(template: Any) -> PromptTemplateInterface | None:
         obj = obj()
     if not isinstance(obj, PromptTemplateInterface):
         known = _template_names()
-        raise DataError(
-            f"template: {template!r} is not a prompt template; use one of {known} or PromptTemplate"
-        )
+        raise DataError(f"template: {template!r} is not a prompt template; use one of {known}")
     return obj
 
 
