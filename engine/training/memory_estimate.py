@@ -49,7 +49,8 @@ class MemoryEstimateError(ValueError):
 class ModelShape:
     """The numbers of a decoder that memory depends on.
 
-    `kv_dim` defaults to `dim` (no grouped-query attention), `intermediate_dim` to `4 * dim`.
+    `kv_dim` (keys and values: `head_dim * num_kv_heads`) defaults to `dim` (no grouped-query
+    attention), `q_dim` (`head_dim * num_heads`) to `dim`, `intermediate_dim` to `4 * dim`.
     """
 
     num_layers: int
@@ -58,6 +59,7 @@ class ModelShape:
     intermediate_dim: int = 0
     kv_dim: int = 0
     tied_embeddings: bool = True
+    q_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "dim", "vocab_size"):
@@ -67,6 +69,8 @@ class ModelShape:
             object.__setattr__(self, "intermediate_dim", 4 * self.dim)
         if not self.kv_dim:
             object.__setattr__(self, "kv_dim", self.dim)
+        if not self.q_dim:
+            object.__setattr__(self, "q_dim", self.dim)
 
     @property
     def embedding_params(self) -> int:
@@ -76,8 +80,8 @@ class ModelShape:
     @property
     def linear_params_per_layer(self) -> int:
         """q, k, v, o projections plus the SwiGLU MLP (gate, up, down)."""
-        d, kv, f = self.dim, self.kv_dim, self.intermediate_dim
-        return d * d + 2 * d * kv + d * d + 3 * d * f
+        d, q, kv, f = self.dim, self.q_dim, self.kv_dim, self.intermediate_dim
+        return d * q + 2 * d * kv + q * d + 3 * d * f
 
     @property
     def norm_params(self) -> int:
@@ -92,9 +96,10 @@ class ModelShape:
     def from_card(cls, card: Any) -> ModelShape:
         """Read a model card (object or mapping) with the usual field names.
 
-        Accepts `num_layers`/`n_layers`, `dim`/`embed_dim`/`hidden_size`, `vocab_size`,
-        `intermediate_dim`/`hidden_dim`/`intermediate_size`, `kv_dim` or `num_kv_heads` + `num_heads`,
-        `tied_embeddings`/`tie_word_embeddings`. Raises `MemoryEstimateError` when a size is missing.
+        Accepts `num_layers`/`layers`/`num_hidden_layers`, `dim`/`embed_dim`/`hidden_size`, `vocab_size`,
+        `intermediate_dim`/`hidden_dim`/`intermediate_size`, `kv_dim` or `num_kv_heads` + `num_heads`
+        (+ `head_dim`), `tied_embeddings`/`tie_word_embeddings`. Raises `MemoryEstimateError` when a
+        size is missing.
         """
 
         def get(*names: str, default: Any = None) -> Any:
@@ -105,16 +110,18 @@ class ModelShape:
             return default
 
         dim = get("dim", "embed_dim", "hidden_size")
-        num_layers = get("num_layers", "n_layers", "num_hidden_layers")
+        num_layers = get("num_layers", "layers", "n_layers", "num_hidden_layers")
         vocab = get("vocab_size")
         if not (dim and num_layers and vocab):
             raise MemoryEstimateError(
                 "model card: needs num_layers, dim (or embed_dim/hidden_size) and vocab_size to estimate memory"
             )
-        kv_dim = get("kv_dim", default=0)
+        kv_dim, q_dim = get("kv_dim", default=0), 0
         heads, kv_heads = get("num_heads", "num_attention_heads"), get("num_kv_heads", "num_key_value_heads")
-        if not kv_dim and heads and kv_heads:
-            kv_dim = int(dim) // int(heads) * int(kv_heads)
+        if heads and kv_heads:
+            head_dim = int(get("head_dim", default=0) or int(dim) // int(heads))
+            kv_dim = kv_dim or head_dim * int(kv_heads)
+            q_dim = head_dim * int(heads)
         return cls(
             num_layers=int(num_layers),
             dim=int(dim),
@@ -122,6 +129,7 @@ class ModelShape:
             intermediate_dim=int(get("intermediate_dim", "hidden_dim", "intermediate_size", default=0)),
             kv_dim=int(kv_dim or 0),
             tied_embeddings=bool(get("tied_embeddings", "tie_word_embeddings", default=True)),
+            q_dim=q_dim,
         )
 
 
@@ -199,11 +207,11 @@ class MemoryEstimate:
 
 
 _LORA_SHAPES = {  # (in_features, out_features) of each adaptable projection, by model shape
-    "q_proj": lambda s: (s.dim, s.dim),
+    "q_proj": lambda s: (s.dim, s.q_dim),
     "k_proj": lambda s: (s.dim, s.kv_dim),
     "v_proj": lambda s: (s.dim, s.kv_dim),
-    "output_proj": lambda s: (s.dim, s.dim),
-    "o_proj": lambda s: (s.dim, s.dim),
+    "output_proj": lambda s: (s.q_dim, s.dim),
+    "o_proj": lambda s: (s.q_dim, s.dim),
 }
 
 
@@ -228,8 +236,8 @@ def activation_elements_per_token_per_layer(shape: ModelShape) -> int:
     Norm inputs (2 D), q/k/v (D + 2 KV) and the attention output (D) plus the `o` projection input (D),
     the MLP's gate and up outputs (2 F), the SwiGLU product fed to `down` (F) and the SiLU input (F).
     """
-    d, kv, f = shape.dim, shape.kv_dim, shape.intermediate_dim
-    return 2 * d + (d + 2 * kv) + 2 * d + 4 * f
+    d, q, kv, f = shape.dim, shape.q_dim, shape.kv_dim, shape.intermediate_dim
+    return 2 * d + (q + 2 * kv) + 2 * q + 4 * f
 
 
 def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool = False) -> MemoryEstimate:

@@ -52,6 +52,9 @@ class DataScreen(Screen):
         padding: 0 1;
         color: $text-muted;
     }
+    DataScreen #data-form Input, DataScreen #data-form Select {
+        margin: 0 1;
+    }
     DataScreen #data-form Checkbox {
         border: none;
     }
@@ -81,24 +84,34 @@ class DataScreen(Screen):
         with Horizontal():
             with VerticalScroll(id="data-form"):
                 yield Label("kind")
-                yield Select([(k, k) for k in KINDS], value="preset", allow_blank=False, id="kind")
+                yield Select(
+                    [(k, k) for k in KINDS], value="preset", allow_blank=False, id="kind", compact=True
+                )
                 yield Label("preset")
-                yield Select([(p, p) for p in PRESETS], value="demo", allow_blank=False, id="preset")
+                yield Select(
+                    [(p, p) for p in PRESETS], value="demo", allow_blank=False, id="preset", compact=True
+                )
                 yield Label("source: file path or Hub id (presets: a local copy)")
-                yield Input(id="source")
+                yield Input(id="source", compact=True)
                 yield Label("builder")
-                yield Select([(b, b) for b in BUILDERS], value="instruct", allow_blank=False, id="builder")
+                yield Select(
+                    [(b, b) for b in BUILDERS],
+                    value="instruct",
+                    allow_blank=False,
+                    id="builder",
+                    compact=True,
+                )
                 yield Label("template (e.g. engine.data.AlpacaInstructTemplate or {question})")
-                yield Input(id="template")
+                yield Input(id="template", compact=True)
                 yield Label("chat format (e.g. chatml, tokenizer)")
-                yield Input(id="chat-format")
+                yield Input(id="chat-format", compact=True)
                 yield Label("column map (field=column, ...)")
-                yield Input(id="column-map")
+                yield Input(id="column-map", compact=True)
                 yield Checkbox("train on input", False, id="train-on-input")
                 yield Label("weight")
-                yield Input("1", id="weight")
+                yield Input("1", id="weight", compact=True)
                 yield Label("tokenizer for the preview (empty: the demo model's)")
-                yield Input(id="tokenizer")
+                yield Input(id="tokenizer", compact=True)
                 yield Button("add source", id="add", variant="primary")
             with Vertical(id="data-right"):
                 yield DataTable(id="sources", cursor_type="row")

@@ -25,6 +25,14 @@ def _get(card: Any, *names: str) -> Any:
     return None
 
 
+def fill_table(table: DataTable, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Replace a table's columns and rows, each column as wide as its widest cell."""
+    table.clear(columns=True)
+    for i, header in enumerate(headers):
+        table.add_column(header, width=max([len(header)] + [len(r[i]) for r in rows]))
+    table.add_rows(rows)
+
+
 def human_count(n: Any) -> str:
     """1_234_567_890 -> `1.23B`, 135_000_000 -> `135M`."""
     if not isinstance(n, (int, float)):
@@ -97,25 +105,29 @@ class ModelsScreen(Screen):
         self.app.call_from_thread(self._fill, cards, local)
 
     def _fill(self, cards: list[Any], local: list[dict[str, Any]]) -> None:
-        table = self.query_one("#cards", DataTable)
-        table.clear()
+        rows = []
         for card in cards:
             heads, kv = _get(card, "num_heads"), _get(card, "num_kv_heads")
-            table.add_row(
-                str(_get(card, "name", "preset")),
-                str(_get(card, "family") or "-"),
-                human_count(_get(card, "num_params", "params", "parameters")),
-                str(_get(card, "num_layers") or "-"),
-                str(_get(card, "dim", "embed_dim", "hidden_size") or "-"),
-                f"{heads}/{kv}" if heads else "-",
-                str(_get(card, "context_length", "max_seq_len") or "-"),
-                str(_get(card, "vocab_size") or "-"),
-                str(_get(card, "licence", "license") or "-"),
+            rows.append(
+                (
+                    str(_get(card, "name", "preset")),
+                    str(_get(card, "family") or "-"),
+                    human_count(_get(card, "num_params", "params", "parameters")),
+                    str(_get(card, "num_layers", "layers") or "-"),
+                    str(_get(card, "dim", "embed_dim", "hidden_size") or "-"),
+                    f"{heads}/{kv}" if heads else "-",
+                    str(_get(card, "context_length", "max_seq_len") or "-"),
+                    str(_get(card, "vocab_size") or "-"),
+                    str(_get(card, "licence", "license") or "-"),
+                )
             )
-        disk = self.query_one("#local", DataTable)
-        disk.clear()
-        for row in local:
-            disk.add_row(row["name"], row["where"], f"{row['size_gb']:.2f}", row["path"])
+        headers = ("model", "family", "params", "layers", "dim", "heads/kv", "context", "vocab", "licence")
+        fill_table(self.query_one("#cards", DataTable), headers, rows)
+        fill_table(
+            self.query_one("#local", DataTable),
+            ("name", "where", "size GB", "folder"),
+            [(r["name"], r["where"], f"{r['size_gb']:.2f}", r["shown_path"]) for r in local],
+        )
         self.query_one("#models-status", Label).update(
             f"{len(cards)} model cards, {len(local)} local checkpoints · d: download from the Hub"
         )

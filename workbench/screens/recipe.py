@@ -51,11 +51,15 @@ class RecipeScreen(Screen):
         border: round $panel;
     }
     RecipeScreen #form .knob {
-        height: auto;
+        height: 1;
+        margin-bottom: 1;
     }
     RecipeScreen #form .knob Label {
         width: 20;
-        padding: 1 1 0 0;
+        padding: 0 1 0 0;
+    }
+    RecipeScreen #form > Input, RecipeScreen #form > Select {
+        margin-bottom: 1;
     }
     RecipeScreen #form .knob Input {
         width: 1fr;
@@ -105,13 +109,13 @@ class RecipeScreen(Screen):
         yield Header()
         with Horizontal():
             with VerticalScroll(id="form"):
-                yield Select([], prompt="built-in config", id="config-select", allow_blank=True)
-                yield Input(placeholder="or a config file / name + enter", id="config-path")
+                yield Select([], prompt="built-in config", id="config-select", allow_blank=True, compact=True)
+                yield Input(placeholder="or a config file / name + enter", id="config-path", compact=True)
                 yield Label("", id="recipe-info")
-                yield Input(placeholder="run name (optional)", id="run-name")
+                yield Input(placeholder="run name (optional)", id="run-name", compact=True)
                 with Horizontal(classes="knob"):
                     yield Label("processes")
-                    yield Input("1", id="nproc", type="integer")
+                    yield Input("1", id="nproc", type="integer", compact=True)
                 yield Vertical(id="knobs")
                 yield Static("", id="problems")
             with Vertical(id="side"):
@@ -233,7 +237,7 @@ class RecipeScreen(Screen):
             else:
                 row = Horizontal(
                     Label(knob.label),
-                    Input("" if value is None else str(value), id=wid, type="text"),
+                    Input("" if value is None else str(value), id=wid, type="text", compact=True),
                     classes="knob",
                 )
                 widgets.append(row)

@@ -201,7 +201,8 @@ def model_card(builder_name: str) -> Any | None:
 
 def local_checkpoints() -> list[dict[str, Any]]:
     """Model folders on disk: `TUNEBENCH_HOME/models/*` and the Hugging Face cache snapshots, each a
-    folder with a `config.json`. Returns `{"name", "where", "path", "size_gb"}` rows."""
+    folder with a `config.json`. Returns `{"name", "where", "path", "shown_path", "size_gb"}` rows
+    (`shown_path` starts with `$TUNEBENCH_HOME` or `$HF_HUB_CACHE`)."""
     import os
 
     from engine.tracking.paths import tunebench_home
@@ -223,7 +224,18 @@ def local_checkpoints() -> list[dict[str, Any]]:
             if folder.parent.name == "snapshots":
                 name = folder.parent.parent.name.removeprefix("models--").replace("--", "/")
             size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            rows.append({"name": name, "where": where, "path": str(folder), "size_gb": size / 1024**3})
+            shown = ("$TUNEBENCH_HOME/models/" if where == "tunebench" else "$HF_HUB_CACHE/") + str(
+                folder.relative_to(root)
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "where": where,
+                    "path": str(folder),
+                    "shown_path": shown,
+                    "size_gb": size / 1024**3,
+                }
+            )
     return rows
 
 

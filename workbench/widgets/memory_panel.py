@@ -52,6 +52,8 @@ class MemoryPanel(Static):
     }
     """
 
+    last_estimate: MemoryEstimate | None = None
+
     def on_mount(self) -> None:
         self.border_title = "memory estimate (per rank)"
 
@@ -62,9 +64,11 @@ class MemoryPanel(Static):
         device_bytes: float | None,
         measured_peak_gb: float | None = None,
     ) -> None:
+        self.last_estimate = est
         self.set_class(est.fits(device_bytes) is False, "-too-big")
         self.update(render_estimate(est, device, device_bytes, measured_peak_gb))
 
     def show_message(self, text: str) -> None:
+        self.last_estimate = None
         self.remove_class("-too-big")
         self.update(Text(text, style="italic"))

@@ -182,3 +182,18 @@ def test_device_memory_override_and_its_error(monkeypatch):
     monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "lots")
     with pytest.raises(MemoryEstimateError, match="TUNEBENCH_DEVICE_MEMORY_GB"):
         detect_device_memory()
+
+
+def test_parameter_count_matches_every_model_card():
+    """Reference: each card's parameter count, computed by engine.models from its builder on the meta
+    device. Biases (Qwen2 QKV) and q/k norms are not in the estimate: within 0.1%."""
+    models = pytest.importorskip("engine.models")
+    if not hasattr(models, "model_cards"):
+        pytest.skip("engine.models.model_cards is not there yet")
+    cards = models.model_cards()
+    assert cards
+    for card in cards:
+        shape = ModelShape.from_card(card)
+        torch.testing.assert_close(
+            float(shape.num_params), float(card.params), rtol=1e-3, atol=0, msg=card.name
+        )

@@ -1,0 +1,210 @@
+"""Snapshot tests (pytest-textual-snapshot) of every workbench screen on fixed tracker data.
+
+Update after an intended visual change with
+`pytest tests/workbench/test_screen_snapshots.py --snapshot-update`; the SVGs under
+`__snapshots__/` are also the README screenshots (copied to docs/screenshots/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+
+import pytest
+
+from workbench.app import make_app
+
+SIZE = (110, 34)
+T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC
+SMOLLM2_CONFIG = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+RECIPE_YAML = """# tunebench run sft --config sft_smollm2.yaml
+model:
+  _component_: engine.models.lora_from_pretrained
+  checkpoint_dir: model
+  lora_rank: 16
+  lora_alpha: 32
+dataset:
+  _component_: engine.data.demo_dataset
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 0.0002
+batch_size: 8
+max_seq_len: 1024
+epochs: 1
+gradient_accumulation_steps: 2
+enable_activation_checkpointing: true
+compile: false
+dtype: bf16
+"""
+
+
+def _curve(n: int, start: float, end: float, wiggle: float) -> list[float]:
+    return [end + (start - end) * math.exp(-4 * i / n) + wiggle * math.sin(i * 0.7) for i in range(n)]
+
+
+def _finished(name, recipe, config, losses, *, started, extra=None, ranks=1):
+    from engine.tracking import MetricLogger
+    from engine.tracking.db import open_db
+    from engine.tracking.runs import create_run, update_run
+
+    with open_db() as db:
+        run = create_run(
+            db=db, recipe=recipe, config_text=config, name=name, model="smollm2-135m", nproc=ranks
+        )
+        update_run(
+            run.id,
+            db=db,
+            status="completed",
+            started_at=started,
+            ended_at=started + 20 * len(losses),
+            exit_code=0,
+        )
+    log = MetricLogger(run_id=run.id, echo=False, max_delay_s=0)
+    for step, loss in enumerate(losses, start=1):
+        log.log(
+            step,
+            {"loss": loss, "lr": 2e-4 * min(1.0, step / 10), "tokens_per_sec": 2100 + 15 * math.sin(step)},
+        )
+        for r in range(ranks):
+            log.log(step, {"mem_peak_gb": 2.1 + 0.05 * r + 0.002 * step}, rank=r)
+        for key, fn in (extra or {}).items():
+            log.log(step, {key: fn(step)})
+        log.set_progress(step, len(losses))
+    log.close()
+    (run_dir := __import__("pathlib").Path(run.output_dir)).mkdir(parents=True, exist_ok=True)
+    (run_dir / "stdout.log").write_text(
+        "".join(
+            f"step {s}/{len(losses)} | loss {v:.4f}\n" for s, v in enumerate(losses[-6:], len(losses) - 5)
+        )
+    )
+    return run.id
+
+
+@pytest.fixture
+def snap_home(tunebench_home, tmp_path, monkeypatch):
+    """Fixed tracker content, UTC clock, no Hugging Face cache, a planned 24 GiB device."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "24")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    (tmp_path / "sft_smollm2.yaml").write_text(RECIPE_YAML)
+    ids = {
+        "a": _finished("lora-r16", "sft", RECIPE_YAML, _curve(60, 2.4, 1.1, 0.05), started=T0),
+        "b": _finished(
+            "lora-r32",
+            "sft",
+            RECIPE_YAML.replace("lora_rank: 16", "lora_rank: 32").replace("lr: 0.0002", "lr: 0.0001"),
+            _curve(60, 2.4, 0.95, 0.04),
+            started=T0 + 3600,
+            ranks=2,
+        ),
+        "c": _finished(
+            "dpo-beta0.1",
+            "dpo",
+            "beta: 0.1\n",
+            _curve(40, 0.69, 0.42, 0.01),
+            started=T0 + 7200,
+            extra={"rewards/chosen": lambda s: 0.02 * s, "rewards/margins": lambda s: 0.035 * s},
+        ),
+    }
+    yield ids
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+async def _until(pilot, predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        await pilot.pause(0.1)
+    assert predicate(), "screen did not reach the state to snapshot"
+    await pilot.pause(0.3)
+
+
+def test_runs_screen(snap_compare, snap_home):
+    async def ready(pilot):
+        table = pilot.app.screen.query_one("RunsTable")
+        await _until(pilot, lambda: len(table.rows_by_id) == 3)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_runs_screen_80x24_light(snap_compare, snap_home):
+    async def ready(pilot):
+        table = pilot.app.screen.query_one("RunsTable")
+        await _until(pilot, lambda: len(table.rows_by_id) == 3)
+
+    assert snap_compare(make_app(interval=60, theme="light"), terminal_size=(80, 24), run_before=ready)
+
+
+def test_live_run_screen(snap_compare, snap_home):
+    async def ready(pilot):
+        pilot.app.push_screen(pilot.app.make_screen("live", run_id=snap_home["c"]))
+        await _until(pilot, lambda: bool(pilot.app.screen.query("#plot-recipe")) and pilot.app.screen.run)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_compare_screen(snap_compare, snap_home):
+    async def ready(pilot):
+        pilot.app.push_screen(pilot.app.make_screen("compare", run_ids=[snap_home["a"], snap_home["b"]]))
+        await _until(pilot, lambda: len(getattr(pilot.app.screen, "data", {})) == 2)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_recipe_screen(snap_compare, snap_home):
+    async def ready(pilot):
+        app = pilot.app
+        app.push_screen(app.make_screen("recipe", config="sft_smollm2.yaml"))
+        await _until(pilot, lambda: "lora_rank: 16" in getattr(app.screen, "yaml_text", ""))
+        await _until(pilot, lambda: app.screen.query_one("MemoryPanel").last_estimate is not None)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_data_screen(snap_compare, snap_home, shared_assets, tmp_path):
+    (tmp_path / "tok").mkdir()
+    shutil.copy(
+        shared_assets / "tokenizers" / "smollm2" / "tokenizer.json", tmp_path / "tok" / "tokenizer.json"
+    )
+
+    async def ready(pilot):
+        app = pilot.app
+        app.push_screen(app.make_screen("data"))
+        await _until(pilot, lambda: type(app.screen).__name__ == "DataScreen")
+        app.screen.query_one("#tokenizer").value = "tok"
+        app.screen.action_add()
+        await _until(pilot, lambda: app.screen.stats and app.screen.stats[0], 90)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_models_screen(snap_compare, snap_home, tunebench_home):
+    folder = tunebench_home / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+
+    async def ready(pilot):
+        app = pilot.app
+        app.push_screen(app.make_screen("models"))
+        await _until(pilot, lambda: type(app.screen).__name__ == "ModelsScreen")
+        await _until(pilot, lambda: app.screen.query_one("#local").row_count == 1)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_help_screen(snap_compare, snap_home):
+    assert snap_compare(make_app(interval=60), press=["question_mark"], terminal_size=SIZE)
