@@ -113,3 +113,16 @@ def test_save_keeps_source_dtype(tmp_path):
 
     with safe_open(tmp_path / "out" / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+def test_unknown_key_is_named(single):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(single / "model.safetensors")
+    tensors["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(2, 2)
+    save_file(tensors, single / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as exc:
+        from_pretrained(single)
+    assert "key model.layers.0.mlp.extra_proj.weight has no place in this TransformerDecoder" in _one_line(
+        exc
+    )
