@@ -170,7 +170,10 @@ def mix(
     num_samples: int | None = None,
     seed: int = 0,
     names: list[str] | None = None,
-) -> WeightedMixDataset:
+    packed: bool = False,
+    max_seq_len: int | None = None,
+    split_across_pack: bool = False,
+):
     """Weighted mix, usable from YAML::
 
         dataset:
@@ -182,10 +185,20 @@ def mix(
 
     `datasets` may be built datasets or `_component_` nodes (built here with `tokenizer`).
     Args: weights (one per dataset, any positive scale), num_samples per epoch (default: sum of
-    lengths), seed, names (one per dataset, for ``loss/<name>``).
+    lengths), seed, names (one per dataset, for ``loss/<name>``); packed / max_seq_len /
+    split_across_pack pack the mixed stream (packs then hold documents of several sources; the
+    epoch-0 order is packed once, `set_epoch` does not repack). Returns a `WeightedMixDataset`, or a
+    `PackedDataset` over it when packed.
     """
     built = [_build_one(d, tokenizer, f"dataset.datasets.{k}") for k, d in enumerate(datasets)]
-    return WeightedMixDataset(built, weights, num_samples=num_samples, seed=seed, names=names)
+    ds = WeightedMixDataset(built, weights, num_samples=num_samples, seed=seed, names=names)
+    if not packed:
+        return ds
+    if max_seq_len is None:
+        raise DataError("dataset.max_seq_len: a packed mix needs max_seq_len (the length of each pack)")
+    from engine.data.packing import PackedDataset
+
+    return PackedDataset(ds, max_seq_len=max_seq_len, split_across_pack=split_across_pack)
 
 
 def _is_mix(node: dict) -> bool:
@@ -208,16 +221,25 @@ def _build_one(node: Any, tokenizer, where: str):
             parts = node.get("datasets")
             if not isinstance(parts, list) or not parts:
                 raise DataError(f"{where}.datasets: a mix needs a non-empty list of dataset nodes")
-            built = [_build_one(d, tokenizer, f"{where}.datasets.{k}") for k, d in enumerate(parts)]
             extra = {k: v for k, v in node.items() if k not in ("_component_", "datasets")}
-            unknown = set(extra) - {"weights", "num_samples", "seed", "names"}
+            allowed = (
+                "weights",
+                "num_samples",
+                "seed",
+                "names",
+                "packed",
+                "max_seq_len",
+                "split_across_pack",
+            )
+            unknown = set(extra) - set(allowed)
             if unknown:
                 raise DataError(
-                    f"{where}: unknown mix argument(s) {sorted(unknown)}; use weights, num_samples, seed, names"
+                    f"{where}: unknown mix argument(s) {sorted(unknown)}; use {', '.join(allowed)}"
                 )
             if "weights" not in extra:
                 raise DataError(f"{where}.weights: a mix needs one weight per dataset, e.g. weights: [3, 1]")
-            return WeightedMixDataset(built, **extra)
+            built = [_build_one(d, tokenizer, f"{where}.datasets.{k}") for k, d in enumerate(parts)]
+            return mix(datasets=built, **extra)
         from engine.config import instantiate
 
         return instantiate(node, tokenizer=tokenizer)

@@ -168,3 +168,21 @@ def test_validate_checks_preset_arguments():
         )
         == []
     )
+
+
+def test_packed_mix_holds_several_sources_per_pack(tok):
+    t = tok("qwen3")
+    node = {
+        "_component_": "engine.data.mix",
+        "weights": [1, 1],
+        "packed": True,
+        "max_seq_len": 128,
+        "datasets": [
+            {"_component_": "engine.data.instruct_dataset", "source": _rows("alpha", 12), "name": "alpha"},
+            {"_component_": "engine.data.instruct_dataset", "source": _rows("beta", 12), "name": "beta"},
+        ],
+    }
+    packed = build_dataset(node, t)
+    assert isinstance(packed, PackedDataset) and packed.source_names == ["alpha", "beta"]
+    assert any({0, 1} <= set(packed[i]["source_ids"]) for i in range(len(packed)))
+    assert packed.stats()["samples"] == 24
