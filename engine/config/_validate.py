@@ -60,23 +60,50 @@ def problem_from_error(exc: ConfigError) -> ConfigProblem:
 # ---- types -------------------------------------------------------------------------------------------
 
 
+_SEQUENCES = (collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+_MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def _is_simple(ann: Any) -> bool:
+    """True for the annotations a YAML value can satisfy: scalars, lists, mappings, Literal, Union."""
+    base = typing.get_origin(ann) or ann
+    if base in (typing.Union, types.UnionType):
+        return any(_is_simple(a) for a in typing.get_args(ann))
+    return base in (
+        bool,
+        int,
+        float,
+        str,
+        list,
+        tuple,
+        set,
+        frozenset,
+        typing.Literal,
+        *_SEQUENCES,
+        *_MAPPINGS,
+    )
+
+
 def _type_name(ann: Any) -> str:
     """A YAML writer's name for an annotation: `int or null`, `a list of str`, `one of 'a', 'b'`."""
     origin, args = typing.get_origin(ann), typing.get_args(ann)
     if origin is typing.Union or origin is types.UnionType:
-        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        shown = [a for a in args if a is not type(None)]
+        simple = [a for a in shown if _is_simple(a)]
+        names = " or ".join(_type_name(a) for a in (simple or shown))  # `float | Tensor` reads "float"
         return names + (" or null" if type(None) in args else "")
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if ann is None or ann is type(None):
         return "null"
     if (origin or ann) in (list, tuple, set, frozenset):
-        homogeneous = (
-            origin is list and len(args) == 1 or origin is tuple and len(args) == 2 and args[1] is Ellipsis
-        )
-        return f"a list of {_type_name(args[0])}" if homogeneous else "a list"
-    if (origin or ann) in (dict, collections.abc.Mapping):
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return f"a list of {len(args)} ({', '.join(_type_name(a) for a in args)})"
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    if (origin or ann) in _MAPPINGS:
         return "a mapping"
+    if (origin or ann) in _SEQUENCES:
+        return f"a list of {_type_name(args[0])}" if args else "a list"
     if isinstance(ann, type):
         return ann.__name__
     return str(ann).replace("typing.", "")
@@ -87,20 +114,28 @@ def _is_component(value: Any) -> bool:
 
 
 def _accepts(value: Any, ann: Any) -> bool | None:
-    """True/False when the simple annotation `ann` accepts/rejects `value`; None when it cannot tell."""
+    """True/False when the simple annotation `ann` accepts/rejects `value`; None when it cannot tell.
+
+    A YAML value is always a plain type, so in a Union the simple members decide when there is one
+    besides None (`float | Tensor` rejects "fast"); `Path | None` with a string cannot tell.
+    """
     if ann is inspect.Parameter.empty or ann is Any or value is UNRESOLVED or _is_component(value):
         return None
     origin = typing.get_origin(ann)
     if origin is typing.Union or origin is types.UnionType:
-        results = [_accepts(value, a) for a in typing.get_args(ann)]
+        members = typing.get_args(ann)
+        results = [_accepts(value, a) for a in members]
         if any(r is True for r in results):
             return True
+        if any(r is False and a is not type(None) for a, r in zip(members, results)):
+            return False
         return None if any(r is None for r in results) else False
     if origin is typing.Literal:
         return any(type(value) is type(opt) and value == opt for opt in typing.get_args(ann))
     if ann is None or ann is type(None):
         return value is None
     base = origin or ann
+    args = typing.get_args(ann)
     if base is bool:
         return isinstance(value, bool)
     if base is int:
@@ -112,12 +147,17 @@ def _accepts(value: Any, ann: Any) -> bool | None:
     if base in (list, tuple, set, frozenset):
         if not isinstance(value, list):
             return False
-        args = typing.get_args(ann)
-        if base is list and len(args) == 1 or base is tuple and len(args) == 2 and args[1] is Ellipsis:
-            if any(_accepts(v, args[0]) is False for v in value):
-                return False
+        if base is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            # fixed-length tuple: one value per position
+            return len(value) == len(args) and all(_accepts(v, a) is not False for v, a in zip(value, args))
+        if len(args) >= 1 and any(_accepts(v, args[0]) is False for v in value):
+            return False
         return True
-    if base in (dict, collections.abc.Mapping):
+    if base in _SEQUENCES:
+        if isinstance(value, str):
+            return True  # a str is a sequence; the callable decides whether that is meant
+        return isinstance(value, list) and not (args and any(_accepts(v, args[0]) is False for v in value))
+    if base in _MAPPINGS:
         return isinstance(value, dict)
     return None
 

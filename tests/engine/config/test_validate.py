@@ -196,3 +196,32 @@ def test_validate_file_collects_bad_overrides_and_reads_the_launch_line(write_ya
     problems, found = validate_file(path, ["oops", "~nope", "lr=2", "+epochs=3"])
     assert found == "_tb_toy2"
     assert fields(problems) == ["override 'oops'", "override '~nope'", "epochs"]
+
+
+def test_union_with_an_unknown_class_is_decided_by_its_simple_members():
+    # torch.optim.AdamW: lr: float | Tensor, betas: tuple[float | Tensor, float | Tensor]
+    node = {"_component_": "torch.optim.AdamW", "lr": "fast", "betas": [0.9], "weight_decay": [1]}
+    problems = {p.field: p for p in validate({"opt": node})}
+    assert sorted(problems) == ["opt.betas", "opt.lr", "opt.weight_decay"]
+    assert problems["opt.lr"].hint == "change it to float"
+    assert problems["opt.betas"].hint == "change it to a list of 2 (float, float)"
+    assert validate({"opt": dict(node, lr=1e-3, betas=[0.9, 0.95], weight_decay=0)}) == []
+
+
+def test_sequences_and_unknown_classes(monkeypatch):
+    module = types.ModuleType("engine._tb_seq")
+    exec(
+        "from collections.abc import Sequence, Mapping\n"
+        "from pathlib import Path\n"
+        "def build(xs: Sequence[int] = (), m: Mapping[str, int] | None = None, p: Path | None = None):\n"
+        "    return xs\n",
+        module.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, "engine._tb_seq", module)
+    ok = {"_component_": "engine._tb_seq.build", "xs": [1, 2], "m": {"a": 1}, "p": "/some/where"}
+    assert validate({"x": ok}) == []  # Path | None cannot tell about a str: not reported
+    bad = validate({"x": dict(ok, xs=[1, "a"], m=[1])})
+    assert [(p.field, p.hint) for p in bad] == [
+        ("x.xs", "change it to a list of int"),
+        ("x.m", "change it to a mapping or null"),
+    ]
