@@ -178,3 +178,11 @@ def test_tokenizer_template_train_on_input(tok, rust):
         trained
         == rust("qwen3").encode("What is 2+2?<|im_end|>It is 4.<|im_end|>", add_special_tokens=False).ids
     )
+
+
+@pytest.mark.parametrize("fmt", [Llama2ChatFormat(), MistralChatFormat()])
+def test_sentencepiece_backend_gives_the_same_ids(fmt, tok, shared_assets):
+    from engine.data.tokenizers import load_tokenizer
+
+    sp_tok = load_tokenizer(shared_assets / "tokenizers/mistral7b_v01/tokenizer.model")
+    assert tokenize_messages(sp_tok, CONV, fmt) == tokenize_messages(tok("mistral7b_v01"), CONV, fmt)
