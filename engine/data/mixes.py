@@ -81,6 +81,14 @@ class ConcatDataset(Dataset):
     def __len__(self) -> int:
         return self._offsets[-1]
 
+    @property
+    def lengths(self) -> np.ndarray | None:
+        """Token counts of all samples (None when a part does not report them)."""
+        parts = [getattr(d, "lengths", None) for d in self.parts]
+        if any(p is None for p in parts):
+            return None
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         if i < 0:
             i += len(self)
@@ -156,6 +164,14 @@ class WeightedMixDataset(Dataset):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    @property
+    def lengths(self) -> np.ndarray | None:
+        """Token counts of this epoch's samples (None when a part does not report them)."""
+        parts = [getattr(d, "lengths", None) for d in self.parts]
+        if any(p is None for p in parts):
+            return None
+        return np.array([int(parts[k][j]) for k, j in self._index], dtype=np.int64)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         k, j = self._index[i]

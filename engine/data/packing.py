@@ -121,6 +121,11 @@ class PackedDataset(Dataset):
         return {k: v.tolist() for k, v in p.items()}
 
     @property
+    def lengths(self) -> np.ndarray:
+        """Real (non-padding) tokens per pack."""
+        return np.array([int((p["source_ids"] >= 0).sum()) for p in self._packs], dtype=np.int64)
+
+    @property
     def efficiency(self) -> float:
         """Share of non-padding tokens over all packs (1.0 = no padding)."""
         total = len(self._packs) * self.max_seq_len

@@ -109,3 +109,22 @@ def test_demo_preference_pairs(tok):
     # both sides share the prompt: their masked prefix is identical
     n = next(i for i, x in enumerate(s["chosen_labels"]) if x != -100)
     assert s["chosen_tokens"][:n] == s["rejected_tokens"][:n]
+
+
+def test_length_stats_of_combined_datasets_match_iteration(tok):
+    from engine.data import ConcatDataset, PackedDataset, mix
+
+    t = tok("qwen3")
+    a = instruct_dataset(t, source=[{"input": f"q {i}" * (i % 4 + 1), "output": "a"} for i in range(9)])
+    b = instruct_dataset(t, source=[{"input": f"w {i}", "output": "b b"} for i in range(5)])
+    for ds in (
+        ConcatDataset([a, b]),
+        mix(datasets=[a, b], weights=[1, 2], num_samples=20),
+        PackedDataset(ConcatDataset([a, b]), 64),
+    ):
+        real = [
+            sum(1 for s in ds[i].get("source_ids", [0] * len(ds[i]["tokens"])) if s >= 0)
+            for i in range(len(ds))
+        ]
+        assert length_stats(ds)["total"] == sum(real)
+        assert length_stats(ds)["max"] == max(real) and length_stats(ds)["count"] == len(ds)
