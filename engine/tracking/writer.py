@@ -263,6 +263,7 @@ class MetricLogger:
             return
         if self._lock.acquire(timeout=0.05):  # never wait on a training thread that is mid-log
             try:
+                self._print_line()  # a slow step's line shows now, not when the next step starts
                 self._handoff()
             finally:
                 self._lock.release()
