@@ -120,3 +120,18 @@ def test_lora_model_exports_merged_weights_transformers_loads(tmp_path):
     ).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(tokens).logits, adapted, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_bf16_error_is_no_worse_than_transformers(family, tmp_path):
+    """In bf16 exact equality is not expected (op order); our error against the fp32 reference
+    must be within 1.5x transformers' own bf16 error (+ half a bf16 ulp at the logits' scale)."""
+    reference = hf_model(family)
+    reference.save_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src", dtype=torch.bfloat16)
+    tokens = _tokens(5)
+    with torch.no_grad():
+        exact = reference(tokens).logits
+        theirs_err = (reference.to(torch.bfloat16)(tokens).logits.float() - exact).abs().max()
+        ours_err = (ours(tokens).float() - exact).abs().max()
+    assert ours_err <= 1.5 * theirs_err + 4e-3, (ours_err, theirs_err)

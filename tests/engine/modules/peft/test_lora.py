@@ -160,7 +160,7 @@ def test_qlora_base_is_nf4_and_matches_dequantised_reference():
 def test_qlora_from_pretrained_quantises_after_loading(tmp_path):
     reference = hf_model("llama2", hidden_size=128, intermediate_size=256)
     reference.save_pretrained(tmp_path / "base")
-    settings = LoRASettings(("q_proj", "v_proj"), apply_lora_to_mlp=True, quantize_base=True)
+    settings = LoRASettings(("q_proj", "v_proj"), quantize_base=True)
     model = from_pretrained(tmp_path / "base", lora=settings)
     q = model.layers[0].attn.q_proj
     assert is_nf4(q.weight) and not q.lora_a.weight.is_meta
