@@ -116,6 +116,11 @@ def parallelize(
                 f"tensor_parallel_dim: {tp} but the device mesh has tp={mesh_tp} — build the mesh with tp={tp}",
                 field="tensor_parallel_dim",
             )
+    if cpu_offload and fsdp and world_mesh.device_type == "cpu":
+        raise ConfigError(
+            "fsdp_cpu_offload: the parameters already live in CPU memory on a CPU run — set fsdp_cpu_offload=false",
+            field="fsdp_cpu_offload",
+        )
     layers = _layers(model)
 
     # 1. Tensor parallelism (needs plain nn.Linear projections).

@@ -49,6 +49,23 @@ def test_errors_name_the_field():
         materialize_model(model, device="cpu", state_dict=bad)
 
 
+@pytest.mark.slow
+def test_compile_per_block_keeps_outputs():
+    model = tiny_decoder()
+    parallelize(model, world_mesh=None, activation_checkpointing=True, compile=True, fsdp=False)
+    tokens = torch.randint(0, 128, (2, 16))
+    torch.testing.assert_close(model(tokens), tiny_decoder()(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_offload_refused_on_cpu_mesh():
+    class CpuMesh:
+        device_type = "cpu"
+        mesh_dim_names = ("dp",)
+
+    with pytest.raises(ConfigError, match="fsdp_cpu_offload: the parameters already live in CPU memory"):
+        parallelize(tiny_decoder(), world_mesh=CpuMesh(), cpu_offload=True)
+
+
 def test_materialize_from_init_fn():
     with torch.device("meta"):
         model = TinyDecoder()
