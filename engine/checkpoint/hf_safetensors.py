@@ -27,6 +27,9 @@ _MAX_HEADER = 100 * 1024 * 1024
 # Files copied next to the weights by save_pretrained(like=...): config, generation and tokenizer.
 _SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken", ".md")
 
+# config.json fields that must agree before a loaded model's own config is reused on save.
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -259,6 +262,11 @@ def save_pretrained(
 
             target = dtype or next(iter(state.values())).dtype
             config = hf_config_from_model(model, dtype=target)
+            loaded = getattr(model, "hf_config", None)
+            if isinstance(loaded, dict) and all(loaded.get(k) == config[k] for k in _SHAPE_KEYS):
+                # Keep the source's other fields (token ids, generation settings) when sizes agree.
+                config = {**loaded, "torch_dtype": config["torch_dtype"]}
+                config.pop("dtype", None)
             if config.get("tie_word_embeddings"):
                 state.pop("lm_head.weight", None)
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}

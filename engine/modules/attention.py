@@ -70,10 +70,10 @@ class GroupedQueryAttention(nn.Module):
         input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        # [B,S,H*hd] -> [B,S,H,hd]
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        # [B,S,H*hd] -> [B,S,H,hd]; -1 heads so tensor parallelism (local heads only) needs no change
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
@@ -98,7 +98,7 @@ class GroupedQueryAttention(nn.Module):
             attn_mask=attn_mask,
             dropout_p=self.attn_dropout if self.training else 0.0,
             is_causal=is_causal,
-            enable_gqa=self.num_kv_heads != self.num_heads,
+            enable_gqa=q.shape[1] != k.shape[1],
         )  # [B,H,S,hd]
-        out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+        out = out.transpose(1, 2).reshape(b, s, -1)  # [B,S,H*hd]
         return self.output_proj(out)

@@ -73,6 +73,12 @@ def test_save_without_like_writes_a_transformers_config(tmp_path):
     reference.save_pretrained(tmp_path / "src")
     ours = from_pretrained(tmp_path / "src")
     out = save_pretrained(ours, tmp_path / "plain", dtype=torch.bfloat16)
+    written = json.loads((out / "config.json").read_text())
+    source = json.loads((tmp_path / "src" / "config.json").read_text())
+    assert written["torch_dtype"] == "bfloat16"
+    assert {k: v for k, v in written.items() if k not in ("torch_dtype", "dtype")} == {
+        k: v for k, v in source.items() if k not in ("torch_dtype", "dtype")
+    }
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = _tokens(3)
     with torch.no_grad():
