@@ -61,6 +61,7 @@ from engine.data.presets import (
     wikitext_dataset,
 )
 from engine.data.preview import SamplePreview, length_stats, preview_sample
+from engine.data.prompts import PromptDataset, demo_prompt_dataset, prompt_collate, prompt_dataset
 from engine.data.templates import (
     AlpacaInstructTemplate,
     GrammarErrorCorrectionTemplate,
@@ -71,7 +72,7 @@ from engine.data.templates import (
     StackExchangedPairedTemplate,
     SummarizeTemplate,
 )
-from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages
+from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages, tokenize_prompt
 
 __all__ = [
     "IGNORE_INDEX",
@@ -95,6 +96,7 @@ __all__ = [
     "PackedDataset",
     "PlainFormat",
     "PreferenceDataset",
+    "PromptDataset",
     "PromptTemplate",
     "PromptTemplateInterface",
     "QuestionAnswerTemplate",
@@ -115,6 +117,7 @@ __all__ = [
     "demo_dataset",
     "demo_preference_dataset",
     "demo_preference_rows",
+    "demo_prompt_dataset",
     "demo_rows",
     "extract_answer",
     "grammar_dataset",
@@ -128,6 +131,8 @@ __all__ = [
     "padded_collate_dpo",
     "preference_dataset",
     "preview_sample",
+    "prompt_collate",
+    "prompt_dataset",
     "resolve_chat_format",
     "samsum_dataset",
     "shifted_labels",
@@ -135,5 +140,6 @@ __all__ = [
     "stack_exchange_paired_dataset",
     "text_completion_dataset",
     "tokenize_messages",
+    "tokenize_prompt",
     "wikitext_dataset",
 ]

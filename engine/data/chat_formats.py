@@ -55,6 +55,11 @@ class ChatFormat(ABC):
     def units(self, messages: list[Message], tokenizer) -> list[Unit]:
         """Lay out `messages` for `tokenizer` (a format may need its special tokens)."""
 
+    def prompt_units(self, messages: list[Message], tokenizer) -> list[Unit]:
+        """Units of a prompt that ends where the model's answer begins (for generation): the
+        conversation so far plus the assistant header. Default: the conversation as laid out."""
+        return self.units(messages, tokenizer)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -74,6 +79,11 @@ class PlainFormat(ChatFormat):
     def units(self, messages, tokenizer):
         return _plain_units(messages, tokenizer)
 
+    def prompt_units(self, messages, tokenizer):
+        unit = _plain_units(messages, tokenizer)[0]
+        unit.eos = False
+        return [unit]
+
 
 class ChatMLFormat(ChatFormat):
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, no BOS/EOS ids.
@@ -91,6 +101,9 @@ class ChatMLFormat(ChatFormat):
                 out.append(Unit().add(head + m.content + "<|im_end|>\n", m.masked))
         return out
 
+    def prompt_units(self, messages, tokenizer):
+        return [*self.units(messages, tokenizer), Unit().add("<|im_start|>assistant\n", True)]
+
 
 class Llama3ChatFormat(ChatFormat):
     """Llama 3: ``<|begin_of_text|>`` then per message
@@ -103,6 +116,10 @@ class Llama3ChatFormat(ChatFormat):
             head = f"<|start_header_id|>{role}<|end_header_id|>\n\n"
             out.append(Unit().add(head, True).add(m.content + "<|eot_id|>", m.masked))
         return out
+
+    def prompt_units(self, messages, tokenizer):
+        head = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        return [*self.units(messages, tokenizer), Unit().add(head, True)]
 
 
 def _exchanges(messages: list[Message], name: str) -> tuple[str | None, list[tuple[Message, Message | None]]]:
@@ -213,6 +230,13 @@ class TokenizerChatTemplate(ChatFormat):
                 cursor = search = end
         unit.add(text[cursor:], True)
         return [unit]
+
+    def prompt_units(self, messages, tokenizer):
+        if getattr(tokenizer, "chat_template", None) is None:
+            return self.units(messages, tokenizer)  # raises the no-template error
+        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        text = tokenizer.apply_chat_template(dicts, add_generation_prompt=True, **self.template_kwargs)
+        return [Unit().add(text, True)]
 
     def __repr__(self) -> str:
         return f"TokenizerChatTemplate({self.template_kwargs!r})"

@@ -94,3 +94,16 @@ def shifted_labels(ids: list[int], mask: list[bool]) -> list[int]:
         if not mask[i + 1]:
             labels[i] = ids[i + 1]
     return labels
+
+
+def tokenize_prompt(
+    tokenizer, messages: list[Message], chat_format: ChatFormat | str | None = None
+) -> list[int]:
+    """Token ids of a generation prompt: `messages` (usually system + user) laid out by the chat
+    format and followed by the assistant header, so the model's next token starts the answer.
+    Plain format: BOS (where used) + the texts, no EOS. Raises `RowError` like `tokenize_messages`."""
+    fmt = resolve_chat_format(chat_format)
+    ids: list[int] = []
+    for unit in fmt.prompt_units(messages, tokenizer):
+        ids += encode_unit(tokenizer, unit)[0]
+    return ids
