@@ -177,10 +177,18 @@ def wait(run_id: str, *, timeout: float | None = None, poll_s: float = 0.2) -> R
         time.sleep(poll_s)
 
 
-def stop(run_id: str, *, grace_s: float = 30.0, wait_s: float = 15.0) -> RunRecord:
-    """Ask a run to stop: record the request, SIGTERM its process group (the recipe checkpoints and
-    exits), SIGKILL the group after `grace_s`; returns the row once the supervisor recorded the end
-    (or after `wait_s` more seconds). Raises `UserError` when the run is not queued/running."""
+DEFAULT_GRACE_S = 120.0
+
+
+def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 15.0) -> RunRecord:
+    """Ask a run to stop: record the request and SIGTERM its rank processes (the recipe saves a
+    checkpoint and exits 0; torchrun then ends normally), SIGKILL everything left after `grace_s`
+    seconds; returns the row once the supervisor recorded the end (or after `wait_s` more seconds).
+
+    The ranks are signalled directly, not through torchrun: torchrun's own shutdown kills workers
+    that take more than 30 s, which a slow step plus a large checkpoint can. Raises `UserError` when
+    the run is not queued/running.
+    """
     with open_db() as db:
         run = get_run(run_id, db=db)
         if run.status not in ACTIVE_STATUSES:
@@ -188,23 +196,62 @@ def stop(run_id: str, *, grace_s: float = 30.0, wait_s: float = 15.0) -> RunReco
         update_run(run.id, db=db, stop_requested=True)
         add_event(run.id, run.step, "stop", "stop requested", db=db)
     deadline = time.monotonic() + grace_s
-    pgid = run.pgid
-    while pgid is None and time.monotonic() < deadline:  # queued: the supervisor will see the request
+    while run.pgid is None and time.monotonic() < deadline:  # queued: the supervisor will see the request
         time.sleep(0.1)
         with open_db() as db:
             run = get_run(run.id, db=db)
         if run.status not in ACTIVE_STATUSES:
             return run
-        pgid = run.pgid
-    if pgid is not None:
-        workers = run_workers(run.id)  # torchrun forwards SIGTERM to them; SIGKILL must reach them too
-        _killpg(pgid, signal.SIGTERM)
-        while (_group_alive(pgid) or _any_alive(workers)) and time.monotonic() < deadline:
+    if run.pgid is not None:
+        everything = signal_ranks(run, signal.SIGTERM)
+        while (_group_alive(run.pgid) or _any_alive(everything)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        _killpg(pgid, signal.SIGKILL)
-        for proc in workers:
+        _killpg(run.pgid, signal.SIGKILL)
+        for proc in everything + run_workers(run.id):
             _kill(proc)
     return wait(run.id, timeout=wait_s)
+
+
+def rank_processes(run: RunRecord) -> list:
+    """The run's rank processes (torchrun's direct children, as `psutil.Process`); when torchrun is
+    gone, the top-most processes that carry the run's `TUNEBENCH_RUN_ID`."""
+    import psutil
+
+    if run.pid is not None:
+        try:
+            torchrun = psutil.Process(run.pid)
+            if run.started_at is None or torchrun.create_time() <= run.started_at + 1:
+                children = torchrun.children(recursive=False)
+                if children:
+                    return children
+        except psutil.Error:
+            pass
+    procs = run_workers(run.id)
+    pids = {p.pid for p in procs}
+    top = []
+    for proc in procs:
+        try:
+            if proc.ppid() not in pids and proc.pid != run.pid:
+                top.append(proc)
+        except psutil.Error:
+            continue
+    return top
+
+
+def signal_ranks(run: RunRecord, sig: int) -> list:
+    """Send `sig` to the run's rank processes (or to torchrun's group when no rank exists yet);
+    returns every process of the run found (ranks and torchrun) for a later SIGKILL."""
+    import psutil
+
+    ranks = rank_processes(run)
+    for proc in ranks:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            continue
+    if not ranks and run.pgid is not None:
+        _killpg(run.pgid, sig)
+    return ranks + [p for p in run_workers(run.id) if p not in ranks]
 
 
 # -- resume, clone, export -----------------------------------------------------------------------------

@@ -107,11 +107,13 @@ def supervise(run_id: str, extra: list[str]) -> int:
         child: subprocess.Popen | None = None
         stop_seen = False
 
-        def on_term(signum: int, frame: object) -> None:
+        def on_term(signum: int, frame: object) -> None:  # `kill <supervisor>` = a stop request
             nonlocal stop_seen
             stop_seen = True
             if child is not None:
-                _signal_group(child.pid, signal.SIGTERM)
+                from workbench.launcher import signal_ranks
+
+                signal_ranks(get_run(run.id, db=db), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -141,7 +143,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
             update_run(run.id, db=db, status="running", pid=child.pid, pgid=child.pid, started_at=now)
             add_event(run.id, run.step, "start", f"{run.nproc} process(es), pid {child.pid}", db=db)
             if get_run(run.id, db=db).stop_requested:  # a stop that came before the pid was known
-                _signal_group(child.pid, signal.SIGTERM)
+                _signal_group(child.pid, signal.SIGTERM)  # (no rank yet: torchrun passes it on)
             while True:
                 try:
                     rc = child.wait()

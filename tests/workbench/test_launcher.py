@@ -177,7 +177,7 @@ def test_two_ranks_log_per_rank_memory_and_both_stop_on_sigterm(lsq):
     _wait_step(run.id, 5)
     assert len(launcher.run_workers(run.id)) == 3  # torchrun + 2 workers
     done = launcher.stop(run.id, grace_s=60)
-    assert done.status == "stopped" and done.nproc == 2
+    assert (done.status, done.exit_code, done.nproc) == ("stopped", 0, 2)  # ranks checkpointed, exited 0
     assert launcher.run_workers(run.id) == []
     with open_db() as db:
         ranks = {r for _, _, r in db.execute(

@@ -8,13 +8,22 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stop", help="stop a run (it checkpoints and exits; killed after --grace seconds)")
     p.add_argument("run", metavar="RUN", help="run id or name")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds before SIGKILL (default 30)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=120.0,
+        help="seconds to checkpoint and exit before SIGKILL (default 120)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
 
+    print(
+        f"stopping {args.run}: it saves a checkpoint and exits (killed after {args.grace:g} s) ...",
+        flush=True,
+    )
     rec = launcher.stop(args.run, grace_s=args.grace)
     print(f"run {rec.name} ({rec.id}): {rec.status}")
     return 0
