@@ -78,3 +78,14 @@ def save(key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     except OSError:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def clear() -> int:
+    """Delete every cached dataset (and stray temporary files); returns how many files were removed."""
+    folder = cache_dir()
+    removed = 0
+    if folder.is_dir():
+        for f in list(folder.glob("*.npz")) + list(folder.glob("*.npz.tmp")):
+            f.unlink(missing_ok=True)
+            removed += 1
+    return removed

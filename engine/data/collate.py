@@ -23,17 +23,21 @@ def _pad(rows: list[list[int]], value: int, length: int) -> torch.Tensor:
 
 
 def padded_collate(
-    batch: list[dict[str, Any]], pad_id: int = 0, ignore_index: int = IGNORE_INDEX
+    batch: list[dict[str, Any]],
+    pad_id: int = 0,
+    ignore_index: int = IGNORE_INDEX,
+    pad_to_multiple_of: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Right-pad a list of ``{"tokens", "labels", "source_id"}`` samples.
 
     Returns ``tokens [B,S]`` (pad_id on padding), ``labels [B,S]`` (ignore_index on padding),
     ``position_ids [B,S]`` (0..S-1 per row), ``source_ids [B,S]`` (the sample's source id, -1 on padding).
-    S is the longest sample. Right padding with a causal model needs no attention mask: real tokens
+    S is the longest sample, rounded up to `pad_to_multiple_of` (e.g. 8 or 64 for GPU kernels). Right padding with a causal model needs no attention mask: real tokens
     never attend to the padding after them.
     """
     lengths = [len(s["tokens"]) for s in batch]
-    S = max(lengths)
+    m = max(1, int(pad_to_multiple_of))
+    S = -(-max(lengths) // m) * m
     B = len(batch)
     tokens = _pad([s["tokens"] for s in batch], pad_id, S)  # [B, S]
     labels = _pad([s["labels"] for s in batch], ignore_index, S)  # [B, S]

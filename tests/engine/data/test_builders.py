@@ -214,6 +214,7 @@ def test_cache_reuses_and_invalidates(tok, tmp_path, monkeypatch):
     assert len(c[0]["tokens"]) > len(a[0]["tokens"]) and len(list(data_cache.cache_dir().glob("*.npz"))) == 2
     d = instruct_dataset(t, source=str(src), train_on_input=True)  # settings are part of the key
     assert d[0]["labels"] != c[0]["labels"]
+    assert data_cache.clear() == 3 and not list(data_cache.cache_dir().glob("*"))
 
 
 def test_presets_with_local_sources(tok, data_dir, tmp_path):

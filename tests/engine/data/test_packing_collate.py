@@ -192,3 +192,10 @@ def test_packing_invariants_property(lengths, L, split):
                 assert p["position_ids"][j] == 0
     if not split:
         assert len(packed) <= len(lengths)
+
+
+def test_padded_collate_multiple_of():
+    ds = _samples(n=3)
+    b = padded_collate(list(ds), pad_id=0, pad_to_multiple_of=16)
+    assert b["tokens"].shape[1] % 16 == 0 and b["tokens"].shape[1] >= max(len(s["tokens"]) for s in ds)
+    assert (b["labels"][:, -1] == -100).all()
