@@ -27,7 +27,7 @@ class TunebenchApp(App):
     """Runs is the home screen; Models, Data, Recipe, Live run and Compare are pushed on top."""
 
     TITLE = "tunebench"
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("question_mark", "help", "help", key_display="?"),

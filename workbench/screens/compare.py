@@ -5,8 +5,6 @@ recipe, memory options and hyperparameters.
 
 from __future__ import annotations
 
-import math
-import statistics
 from typing import Any
 
 from rich.table import Table
@@ -26,17 +24,31 @@ from workbench.widgets.runs_table import format_duration
 METRICS = ("loss", "lr", "tokens_per_sec", "mem_peak_gb", "grad_norm")
 
 
-def summarize(run: dict[str, Any], series: dict[str, tuple[list[int], list[float]]]) -> dict[str, Any]:
-    """Final and best loss, median tokens/s, peak memory and wall time of one run."""
-    loss = [v for v in series.get("loss", ([], []))[1] if math.isfinite(v)]
-    tps = [v for v in series.get("tokens_per_sec", ([], []))[1] if math.isfinite(v)]
-    mem = [v for v in series.get("mem_peak_gb", ([], []))[1] if math.isfinite(v)]
+def as_arrays(series: dict[str, tuple[list, list]]) -> dict[str, tuple[Any, Any]]:
+    """Curves as numpy arrays (done once in the loading worker, so redraws never convert lists)."""
+    import numpy as np
+
+    return {
+        k: (np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+        for k, (xs, ys) in series.items()
+    }
+
+
+def summarize(run: dict[str, Any], series: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """Final and best loss, median tokens/s, peak memory and wall time of one run (NaN ignored)."""
+    import numpy as np
+
+    def finite(name: str):
+        values = np.asarray(series.get(name, ([], []))[1], dtype=np.float64)
+        return values[np.isfinite(values)]
+
+    loss, tps, mem = finite("loss"), finite("tokens_per_sec"), finite("mem_peak_gb")
     started, ended = run.get("started_at"), run.get("ended_at")
     return {
-        "final_loss": loss[-1] if loss else None,
-        "best_loss": min(loss) if loss else None,
-        "tokens_per_sec": statistics.median(tps) if tps else None,
-        "mem_peak_gb": max(mem) if mem else None,
+        "final_loss": float(loss[-1]) if loss.size else None,
+        "best_loss": float(loss.min()) if loss.size else None,
+        "tokens_per_sec": float(np.median(tps)) if tps.size else None,
+        "mem_peak_gb": float(mem.max()) if mem.size else None,
         "wall_s": (ended - started) if started and ended else None,
     }
 
@@ -100,7 +112,7 @@ class CompareScreen(Screen):
                         xs, ys = series.setdefault(m.name, ([], []))
                         xs.append(m.step)
                         ys.append(m.value)
-                runs[rid], data[rid] = run, series
+                runs[rid], data[rid] = run, as_arrays(series)
         except Exception as exc:
             self.post_message(ActionDone("compare", f"cannot read runs: {exc}", ok=False))
             return

@@ -22,6 +22,7 @@ from workbench.screens import services
 from workbench.screens.confirm import TextPromptScreen
 from workbench.screens.recipe_options import (
     KNOBS,
+    card_with_overrides,
     get_path,
     knob_key,
     method_of,
@@ -152,7 +153,7 @@ class RecipeScreen(Screen):
                 from engine.config import find_config
 
                 path = find_config(self.start_config) if self.start_config else Path(choices[0][1])
-                start = (path.read_text(encoding="utf-8"), {}, None, None)
+                start = (path.read_text(encoding="utf-8"), {"path": str(path)}, None, None)
         except Exception as exc:
             self.post_message(ActionDone("load", str(exc), ok=False))
         self.app.call_from_thread(self._fill_choices, choices, start)
@@ -162,7 +163,10 @@ class RecipeScreen(Screen):
         with self.prevent(Select.Changed):
             select.set_options(choices)
         if start is not None:
-            text, _, recipe, name = start
+            text, extra, recipe, name = start
+            if extra.get("path") in {value for _, value in choices}:
+                with self.prevent(Select.Changed):
+                    select.value = extra["path"]
             if name:
                 self.query_one("#run-name", Input).value = name
             self.set_config_text(text, recipe=recipe)
@@ -301,7 +305,10 @@ class RecipeScreen(Screen):
         panel = self.query_one(MemoryPanel)
         try:
             source = model_shape_source(cfg)
-            card = source if isinstance(source, dict) else services.model_card(source)
+            node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+            card = source if isinstance(source, dict) else services.model_card(source, node)
+            if card is not None and not isinstance(source, dict):
+                card = card_with_overrides(card, node)
             if card is None:
                 self.app.call_from_thread(
                     panel.show_message, f"no model card for {source!r}: the estimate needs the model's shape"

@@ -43,6 +43,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("LoRA alpha", ("model.lora_alpha", "lora_alpha"), "float", "memory"),
     Knob("dtype", ("dtype",), "str", "memory"),
     Knob("optimizer", ("optimizer._component_",), "str", "memory"),
+    Knob("loss", ("loss._component_",), "str", "memory"),
     Knob(
         "activation checkpointing",
         ("enable_activation_checkpointing", "activation_checkpointing"),
@@ -135,7 +136,8 @@ def training_options(cfg: dict, nproc: int = 1) -> dict[str, Any]:
         optimizer=optimizer,
         activation_checkpointing=bool(_first(cfg, knob("activation checkpointing").keys, False)),
         optimizer_in_backward=bool(_first(cfg, knob("optimizer in backward").keys, False)),
-        linear_cross_entropy=bool(_first(cfg, knob("linear cross-entropy").keys, False)),
+        linear_cross_entropy=bool(_first(cfg, knob("linear cross-entropy").keys, False))
+        or "linearcrossentropy" in str(_first(cfg, ("loss._component_",), "")).lower().replace("_", ""),
         nproc=max(1, int(nproc)),
     )
     if out["method"] != "full":
@@ -148,12 +150,42 @@ def training_options(cfg: dict, nproc: int = 1) -> dict[str, Any]:
     return out
 
 
+SHAPE_ARGS = (
+    "num_layers",
+    "embed_dim",
+    "dim",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_dim",
+    "vocab_size",
+    "head_dim",
+)
+
+
 def model_shape_source(cfg: dict) -> dict[str, Any] | str:
     """The model's shape as a mapping (an HF `config.json` read from the model's checkpoint folder),
-    or the builder's short name to look up among the model cards."""
+    or the builder's dotted name to look up among the model cards."""
     model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
-    for key in ("checkpoint_dir", "model_dir", "path", "pretrained"):
-        folder = model.get(key) or (cfg.get("checkpointer") or {}).get(key)
+    for folder in (
+        *(model.get(k) for k in ("checkpoint_dir", "model_dir", "path", "pretrained")),
+        (cfg.get("checkpointer") or {}).get("checkpoint_dir"),
+        cfg.get("checkpoint_dir"),
+    ):
         if folder and (Path(str(folder)).expanduser() / "config.json").is_file():
             return json.loads((Path(str(folder)).expanduser() / "config.json").read_text())
-    return str(model.get("_component_", "")).rsplit(".", 1)[-1]
+    return str(model.get("_component_", ""))
+
+
+def card_with_overrides(card: Any, model_node: dict) -> dict[str, Any]:
+    """A card as a dict, with the sizes the config's model node sets itself (a builder called with
+    explicit `num_layers`, `embed_dim`, ...) taking precedence."""
+    if isinstance(card, dict):
+        out = dict(card)
+    elif hasattr(card, "__dataclass_fields__"):
+        out = {f: getattr(card, f) for f in card.__dataclass_fields__}
+    else:
+        out = dict(vars(card))
+    out.update({k: v for k, v in model_node.items() if k in SHAPE_ARGS and v is not None})
+    if "tie_word_embeddings" in model_node:
+        out["tied_embeddings"] = bool(model_node["tie_word_embeddings"])
+    return out

@@ -8,6 +8,7 @@ screens never hold a database handle.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,32 +170,48 @@ def run_peak_gb(run_id: str) -> float | None:
         return readers.summarize(readers.get_run(run_id, db=db), db=db).mem_peak_gb
 
 
+_CARDS: list[Any] | None = None
+_CARDS_LOCK = threading.Lock()
+
+
 def model_cards() -> list[Any]:
-    """The model cards of `engine.models` (imports the models package: call from a worker)."""
-    from engine.models import model_cards as cards
+    """The model cards of `engine.models`, computed once per process (building every preset on the
+    meta device takes seconds; call from a worker)."""
+    global _CARDS
+    with _CARDS_LOCK:
+        if _CARDS is None:
+            from engine.models import model_cards as cards
 
-    out = cards()
-    return list(out.values()) if isinstance(out, dict) else list(out)
-
-
-def _card_names(card: Any) -> set[str]:
-    names = set()
-    for attr in ("name", "preset", "builder", "id", "hub_id"):
-        value = card.get(attr) if isinstance(card, dict) else getattr(card, attr, None)
-        if value:
-            names.add(str(value).rsplit(".", 1)[-1].lower())
-    return names
+            out = cards()
+            _CARDS = list(out.values()) if isinstance(out, dict) else list(out)
+        return _CARDS
 
 
-def model_card(builder_name: str) -> Any | None:
-    """The card of a model builder (`lora_`/`qlora_` prefixes ignored), or None when unknown."""
-    name = builder_name.lower()
+def _field(card: Any, name: str) -> Any:
+    return card.get(name) if isinstance(card, dict) else getattr(card, name, None)
+
+
+def model_card(component: str, model_node: dict[str, Any] | None = None) -> Any | None:
+    """The card of a model component (`engine.models.smollm2.lora_smollm2`, `lora_`/`qlora_` prefixes
+    ignored), or None when unknown. With several cards for one builder module, the one whose layers
+    and width match the node's `num_layers`/`embed_dim` wins."""
+    node = model_node or {}
+    module, _, name = component.rpartition(".")
+    name = name.lower()
     for prefix in ("qlora_", "lora_"):
         if name.startswith(prefix):
             name = name[len(prefix) :]
             break
-    for card in model_cards():
-        if name in _card_names(card):
+    cards = model_cards()
+    for card in cards:  # exact builder or card name
+        names = {str(_field(card, f) or "").rsplit(".", 1)[-1].lower() for f in ("name", "builder")}
+        if name in names:
+            return card
+    family = [c for c in cards if module and str(_field(c, "builder") or "").startswith(module + ".")]
+    for card in family:  # a family builder called with explicit sizes
+        if _field(card, "layers") == node.get("num_layers") and _field(card, "embed_dim") == node.get(
+            "embed_dim"
+        ):
             return card
     return None
 
