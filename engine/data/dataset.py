@@ -237,6 +237,8 @@ class TokenizedDataset(Dataset):
     `mask(i)` gives sample i's loss mask over its tokens; `lengths` the token counts.
     """
 
+    kind = "sft"  # what a sample holds: "sft", "preference" or "prompt"
+
     def __init__(self, flat: _Flat, *, name: str, pad_id: int, report: _Report, source_id: int = 0):
         self._flat = flat
         self.source_names = [name]
@@ -277,6 +279,8 @@ class TokenizedDataset(Dataset):
 
 class PreferenceDataset(Dataset):
     """Chosen/rejected pairs of one source, tokenized. Built by `preference_dataset`."""
+
+    kind = "preference"  # what a sample holds: "sft", "preference" or "prompt"
 
     def __init__(self, chosen: _Flat, rejected: _Flat, *, name: str, pad_id: int, report: _Report):
         self._chosen, self._rejected = chosen, rejected

@@ -64,6 +64,13 @@ class ConcatDataset(Dataset):
         self.source_names = _unique(names_all)
         self.pad_id = getattr(self.parts[0], "pad_id", 0)
         # Packed and unpacked parts cannot share a batch: packs are fixed-length and carry document ids.
+        sample_kinds = {getattr(d, "kind", "sft") for d in self.parts}
+        if len(sample_kinds) > 1:
+            raise DataError(
+                f"dataset: parts hold different sample kinds ({', '.join(sorted(sample_kinds))}); a recipe batches "
+                "one kind, so combine SFT, preference and prompt datasets only with their own kind"
+            )
+        self.kind = sample_kinds.pop()
         kinds = {
             (
                 bool(getattr(d, "packed", False)),
@@ -132,6 +139,7 @@ class WeightedMixDataset(Dataset):
         self.source_names = self._concat.source_names
         self.pad_id = self._concat.pad_id
         self.packed, self.max_seq_len = self._concat.packed, self._concat.max_seq_len
+        self.kind = self._concat.kind
         self.weights = (w / w.sum()).tolist()
         self.num_samples = int(num_samples) if num_samples is not None else len(self._concat)
         if self.num_samples <= 0:

@@ -36,6 +36,8 @@ class PackedDataset(Dataset):
     Packing reads every sample once, up front.
     """
 
+    kind = "sft"  # what a sample holds: "sft", "preference" or "prompt"
+
     packed = True
 
     def __init__(self, ds, max_seq_len: int, split_across_pack: bool = False, pad_id: int | None = None):

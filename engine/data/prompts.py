@@ -50,6 +50,8 @@ class _PromptConvert:
 class PromptDataset(Dataset):
     """Prompts and reference answers of one source (see the module docstring)."""
 
+    kind = "prompt"  # what a sample holds: "sft", "preference" or "prompt"
+
     def __init__(self, items: list[tuple[list[int], str]], *, name: str, pad_id: int, report):
         self._prompts = [np.asarray(ids, dtype=np.int32) for ids, _ in items]
         self._answers = [a for _, a in items]

@@ -186,3 +186,14 @@ def test_packed_mix_holds_several_sources_per_pack(tok):
     assert isinstance(packed, PackedDataset) and packed.source_names == ["alpha", "beta"]
     assert any({0, 1} <= set(packed[i]["source_ids"]) for i in range(len(packed)))
     assert packed.stats()["samples"] == 24
+
+
+def test_parts_must_hold_one_sample_kind(tok):
+    from engine.data import preference_dataset
+
+    t = tok("qwen3")
+    sft = instruct_dataset(t, source=_rows("alpha", 4))
+    pref = preference_dataset(t, source=[{"prompt": "p", "chosen": "a", "rejected": "b"}] * 3)
+    with pytest.raises(DataError, match="different sample kinds"):
+        ConcatDataset([sft, pref])
+    assert mix(datasets=[pref, pref], weights=[1, 1]).kind == "preference"
