@@ -12,7 +12,7 @@ Cache layout for `B` rows, `P` prompt slots and `T = max_new_tokens`: slots `0..
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +99,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     return_logprobs: bool = False,
+    on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> GenerationOutput:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
@@ -110,6 +111,8 @@ def generate(
       seed / generator: the random source for sampling (`generator` wins); default: torch's global RNG.
       use_cache: False recomputes the whole sequence each step (a reference path; same results).
       return_logprobs: also return the chosen tokens' log-probabilities.
+      on_step: called after every step with the step's tokens `[B]` and the rows still running before
+        it `[B]` bool (for streaming output).
     The model runs in eval mode during the call (its mode is restored) and any KV caches it had are
     replaced by caches sized for this call and removed afterwards.
     Raises `GenerationError` for empty prompts or bad settings (naming the argument).
@@ -158,6 +161,8 @@ def generate(
                 scaled = logits / (temperature if temperature > 0 else 1.0)
                 picked = torch.log_softmax(scaled, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
                 logprobs[:, step] = torch.where(done, torch.zeros_like(picked), picked)
+            if on_step is not None:
+                on_step(chosen, ~done)
             lengths += (~done).long()
             done |= torch.isin(chosen, stops)
             if bool(done.all()) or step == max_new_tokens - 1:

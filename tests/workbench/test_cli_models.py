@@ -188,3 +188,20 @@ def test_generate_demo_answers_paris(capsys, tunebench_home):
         main(["generate", "demo", "What is the capital of France?", "--chat", "--max-new-tokens", "24"]) == 0
     )
     assert "Paris" in capsys.readouterr().out
+
+
+def test_stream_writes_the_completion_once(tiny_dir, capsys):
+    from engine.data.tokenizers import load_tokenizer
+    from engine.generation import generate
+    from engine.models import from_pretrained
+    from workbench.commands.generate import _Stream
+
+    folder, _, _ = tiny_dir
+    tok = load_tokenizer(folder)
+    stream = _Stream(tok)
+    out = generate(
+        from_pretrained(folder), [tok.encode("the cat", add_eos=False)], max_new_tokens=12, on_step=stream
+    )
+    text = tok.decode(out.completions[0])
+    stream.finish(text)
+    assert capsys.readouterr().out == text + "\n"

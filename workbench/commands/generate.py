@@ -46,7 +46,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="default: float32 on CPU, bfloat16 on GPU",
     )
+    p.add_argument("--no-stream", action="store_true", help="print the completion only at the end")
     p.set_defaults(func=run)
+
+
+class _Stream:
+    """Prints the completion as it grows (on a terminal): decodes all tokens so far and writes the
+    new suffix, so multi-byte characters split across tokens come out whole."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, tokens, running) -> None:
+        if bool(running[0]):
+            self.ids.append(int(tokens[0]))
+            text = self.tok.decode(self.ids, skip_special_tokens=True)
+            if not text.endswith("\ufffd") and text.startswith(self.shown):
+                sys.stdout.write(text[len(self.shown) :])
+                sys.stdout.flush()
+                self.shown = text
+
+    def finish(self, text: str) -> None:
+        sys.stdout.write((text[len(self.shown) :] if text.startswith(self.shown) else "\n" + text) + "\n")
+        sys.stdout.flush()
 
 
 def _latest_step(folder: Path) -> Path | None:
@@ -140,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             f"--max-new-tokens {args.max_new_tokens}: with a {len(prompt)}-token prompt this exceeds the model's "
             f"context of {max_len}; lower it"
         )
+    stream = _Stream(tok) if sys.stdout.isatty() and not args.no_stream else None
     start = time.perf_counter()
     out = generate(
         model,
@@ -151,9 +176,14 @@ def run(args: argparse.Namespace) -> int:
         stop_tokens=tok.stop_tokens,
         pad_id=tok.pad_id,
         seed=args.seed,
+        on_step=stream,
     )
     seconds = time.perf_counter() - start
-    print(tok.decode(out.completions[0], skip_special_tokens=True))
+    text = tok.decode(out.completions[0], skip_special_tokens=True)
+    if stream is None:
+        print(text)
+    else:
+        stream.finish(text)
     n = int(out.lengths[0])
     reason = "stop token" if bool(out.stopped[0]) else "max-new-tokens"
     print(

@@ -148,3 +148,13 @@ def test_bad_arguments_name_the_setting(llama):
         prompts = kwargs.pop("prompts")
         with pytest.raises(GenerationError, match=word):
             generate(model, prompts, **kwargs)
+
+
+def test_on_step_sees_every_token(llama):
+    _, model = llama
+    seen = []
+    out = generate(
+        model, PROMPTS, max_new_tokens=5, on_step=lambda t, running: seen.append((t.clone(), running.clone()))
+    )
+    assert torch.equal(torch.stack([t for t, _ in seen], dim=1), out.tokens)
+    assert all(r.all() for _, r in seen)  # no stop tokens: every row runs every step
