@@ -6,6 +6,7 @@ RoPE schedule, tying); LoRA builders differ only by passing `LoRASettings`.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Literal
 
@@ -127,3 +128,38 @@ def build_decoder(
         max_seq_len=max_seq_len,
         sliding_window=sliding_window,
     )
+
+
+def forward_signature(lora_builder, model_builder) -> inspect.Signature:
+    """The signature of `lora_builder(*, <LoRA args>, **model_kwargs)` with `model_kwargs` spelled
+    out from `model_builder`, so config validation checks forwarded keys (set as `__signature__`)."""
+    own = [p for p in inspect.signature(lora_builder).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    forwarded = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for name, p in inspect.signature(model_builder).parameters.items()
+        if name != "lora"
+    ]
+    return inspect.Signature(own + forwarded, return_annotation=TransformerDecoder)
+
+
+def lora_preset(lora_builder, name: str, module: str, **preset_kwargs):
+    """A named LoRA/QLoRA size preset: `lora_builder` with `preset_kwargs` as overridable defaults.
+
+    A real function (not a `functools.partial`) so `_component_` paths resolve inside `engine`, with a
+    `__signature__` whose defaults are the preset's, so config validation checks keys and types.
+    """
+
+    def preset(**kwargs) -> TransformerDecoder:
+        return lora_builder(**{**preset_kwargs, **kwargs})
+
+    params = [
+        p.replace(default=preset_kwargs[n]) if n in preset_kwargs else p
+        for n, p in inspect.signature(lora_builder).parameters.items()
+    ]
+    preset.__signature__ = inspect.Signature(params, return_annotation=TransformerDecoder)
+    preset.__name__ = preset.__qualname__ = name
+    preset.__module__ = module
+    preset.__doc__ = f"`{lora_builder.__name__}` with the `{name.split('_', 1)[1]}` sizes" + (
+        " and an NF4 base (QLoRA)." if preset_kwargs.get("quantize_base") else "."
+    )
+    return preset

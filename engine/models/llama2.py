@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.llama2.llama2_7b` (or `lora_llama2_
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -51,6 +49,9 @@ def lora_llama2(
     return llama2(**model_kwargs, lora=lora)
 
 
+lora_llama2.__signature__ = forward_signature(lora_llama2, llama2)
+
+
 SIZES = {
     "llama2_7b": dict(num_layers=32, num_heads=32, num_kv_heads=32, embed_dim=4096, intermediate_dim=11008),
     "llama2_13b": dict(num_layers=40, num_heads=40, num_kv_heads=40, embed_dim=5120, intermediate_dim=13824),
@@ -75,10 +76,16 @@ def llama2_tiny() -> TransformerDecoder:
     return llama2(**SIZES["llama2_tiny"])
 
 
-lora_llama2_7b = partial(lora_llama2, **SIZES["llama2_7b"])
-lora_llama2_13b = partial(lora_llama2, **SIZES["llama2_13b"])
-lora_llama2_70b = partial(lora_llama2, **SIZES["llama2_70b"])
-lora_llama2_tiny = partial(lora_llama2, **SIZES["llama2_tiny"])
-qlora_llama2_7b = partial(lora_llama2_7b, quantize_base=True)
-qlora_llama2_13b = partial(lora_llama2_13b, quantize_base=True)
-qlora_llama2_70b = partial(lora_llama2_70b, quantize_base=True)
+lora_llama2_7b = lora_preset(lora_llama2, "lora_llama2_7b", __name__, **SIZES["llama2_7b"])
+lora_llama2_13b = lora_preset(lora_llama2, "lora_llama2_13b", __name__, **SIZES["llama2_13b"])
+lora_llama2_70b = lora_preset(lora_llama2, "lora_llama2_70b", __name__, **SIZES["llama2_70b"])
+lora_llama2_tiny = lora_preset(lora_llama2, "lora_llama2_tiny", __name__, **SIZES["llama2_tiny"])
+qlora_llama2_7b = lora_preset(
+    lora_llama2, "qlora_llama2_7b", __name__, **SIZES["llama2_7b"], quantize_base=True
+)
+qlora_llama2_13b = lora_preset(
+    lora_llama2, "qlora_llama2_13b", __name__, **SIZES["llama2_13b"], quantize_base=True
+)
+qlora_llama2_70b = lora_preset(
+    lora_llama2, "qlora_llama2_70b", __name__, **SIZES["llama2_70b"], quantize_base=True
+)

@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.llama3.llama3_2_1b` (or `lora_llama
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.rotary import Llama3RopeScaling
 from engine.modules.transformer import TransformerDecoder
 
@@ -52,6 +50,9 @@ def lora_llama3(
         lora_dropout, quantize_base, use_dora,
     )  # fmt: skip
     return llama3(**model_kwargs, lora=lora)
+
+
+lora_llama3.__signature__ = forward_signature(lora_llama3, llama3)
 
 
 SCALING_3_1 = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
@@ -105,16 +106,28 @@ def llama3_tiny() -> TransformerDecoder:
     return llama3(**SIZES["llama3_tiny"])
 
 
-lora_llama3_8b = partial(lora_llama3, **SIZES["llama3_8b"])
-lora_llama3_1_8b = partial(lora_llama3, **SIZES["llama3_1_8b"])
-lora_llama3_1_70b = partial(lora_llama3, **SIZES["llama3_1_70b"])
-lora_llama3_2_1b = partial(lora_llama3, **SIZES["llama3_2_1b"])
-lora_llama3_2_3b = partial(lora_llama3, **SIZES["llama3_2_3b"])
-lora_llama3_3_70b = partial(lora_llama3, **SIZES["llama3_3_70b"])
-lora_llama3_tiny = partial(lora_llama3, **SIZES["llama3_tiny"])
-qlora_llama3_8b = partial(lora_llama3_8b, quantize_base=True)
-qlora_llama3_1_8b = partial(lora_llama3_1_8b, quantize_base=True)
-qlora_llama3_1_70b = partial(lora_llama3_1_70b, quantize_base=True)
-qlora_llama3_2_1b = partial(lora_llama3_2_1b, quantize_base=True)
-qlora_llama3_2_3b = partial(lora_llama3_2_3b, quantize_base=True)
-qlora_llama3_3_70b = partial(lora_llama3_3_70b, quantize_base=True)
+lora_llama3_8b = lora_preset(lora_llama3, "lora_llama3_8b", __name__, **SIZES["llama3_8b"])
+lora_llama3_1_8b = lora_preset(lora_llama3, "lora_llama3_1_8b", __name__, **SIZES["llama3_1_8b"])
+lora_llama3_1_70b = lora_preset(lora_llama3, "lora_llama3_1_70b", __name__, **SIZES["llama3_1_70b"])
+lora_llama3_2_1b = lora_preset(lora_llama3, "lora_llama3_2_1b", __name__, **SIZES["llama3_2_1b"])
+lora_llama3_2_3b = lora_preset(lora_llama3, "lora_llama3_2_3b", __name__, **SIZES["llama3_2_3b"])
+lora_llama3_3_70b = lora_preset(lora_llama3, "lora_llama3_3_70b", __name__, **SIZES["llama3_3_70b"])
+lora_llama3_tiny = lora_preset(lora_llama3, "lora_llama3_tiny", __name__, **SIZES["llama3_tiny"])
+qlora_llama3_8b = lora_preset(
+    lora_llama3, "qlora_llama3_8b", __name__, **SIZES["llama3_8b"], quantize_base=True
+)
+qlora_llama3_1_8b = lora_preset(
+    lora_llama3, "qlora_llama3_1_8b", __name__, **SIZES["llama3_1_8b"], quantize_base=True
+)
+qlora_llama3_1_70b = lora_preset(
+    lora_llama3, "qlora_llama3_1_70b", __name__, **SIZES["llama3_1_70b"], quantize_base=True
+)
+qlora_llama3_2_1b = lora_preset(
+    lora_llama3, "qlora_llama3_2_1b", __name__, **SIZES["llama3_2_1b"], quantize_base=True
+)
+qlora_llama3_2_3b = lora_preset(
+    lora_llama3, "qlora_llama3_2_3b", __name__, **SIZES["llama3_2_3b"], quantize_base=True
+)
+qlora_llama3_3_70b = lora_preset(
+    lora_llama3, "qlora_llama3_3_70b", __name__, **SIZES["llama3_3_70b"], quantize_base=True
+)

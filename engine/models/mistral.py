@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.mistral.mistral_7b` (or `lora_mistr
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -52,6 +50,9 @@ def lora_mistral(
     return mistral(**model_kwargs, lora=lora)
 
 
+lora_mistral.__signature__ = forward_signature(lora_mistral, mistral)
+
+
 SIZES = {
     "mistral_7b": dict(num_layers=32, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=14336, sliding_window=4096),
     "mistral_7b_v0_3": dict(vocab_size=32768, num_layers=32, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=14336, rope_base=1_000_000.0),
@@ -71,8 +72,12 @@ def mistral_tiny() -> TransformerDecoder:
     return mistral(**SIZES["mistral_tiny"])
 
 
-lora_mistral_7b = partial(lora_mistral, **SIZES["mistral_7b"])
-lora_mistral_7b_v0_3 = partial(lora_mistral, **SIZES["mistral_7b_v0_3"])
-lora_mistral_tiny = partial(lora_mistral, **SIZES["mistral_tiny"])
-qlora_mistral_7b = partial(lora_mistral_7b, quantize_base=True)
-qlora_mistral_7b_v0_3 = partial(lora_mistral_7b_v0_3, quantize_base=True)
+lora_mistral_7b = lora_preset(lora_mistral, "lora_mistral_7b", __name__, **SIZES["mistral_7b"])
+lora_mistral_7b_v0_3 = lora_preset(lora_mistral, "lora_mistral_7b_v0_3", __name__, **SIZES["mistral_7b_v0_3"])
+lora_mistral_tiny = lora_preset(lora_mistral, "lora_mistral_tiny", __name__, **SIZES["mistral_tiny"])
+qlora_mistral_7b = lora_preset(
+    lora_mistral, "qlora_mistral_7b", __name__, **SIZES["mistral_7b"], quantize_base=True
+)
+qlora_mistral_7b_v0_3 = lora_preset(
+    lora_mistral, "qlora_mistral_7b_v0_3", __name__, **SIZES["mistral_7b_v0_3"], quantize_base=True
+)

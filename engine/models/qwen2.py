@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.qwen2.qwen2_5_0_5b` (or `lora_qwen2
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -49,6 +47,9 @@ def lora_qwen2(
         lora_dropout, quantize_base, use_dora,
     )  # fmt: skip
     return qwen2(**model_kwargs, lora=lora)
+
+
+lora_qwen2.__signature__ = forward_signature(lora_qwen2, qwen2)
 
 
 SIZES = {
@@ -115,26 +116,46 @@ def qwen2_tiny() -> TransformerDecoder:
     return qwen2(**SIZES["qwen2_tiny"])
 
 
-lora_qwen2_0_5b = partial(lora_qwen2, **SIZES["qwen2_0_5b"])
-lora_qwen2_1_5b = partial(lora_qwen2, **SIZES["qwen2_1_5b"])
-lora_qwen2_7b = partial(lora_qwen2, **SIZES["qwen2_7b"])
-lora_qwen2_72b = partial(lora_qwen2, **SIZES["qwen2_72b"])
-lora_qwen2_5_0_5b = partial(lora_qwen2, **SIZES["qwen2_5_0_5b"])
-lora_qwen2_5_1_5b = partial(lora_qwen2, **SIZES["qwen2_5_1_5b"])
-lora_qwen2_5_3b = partial(lora_qwen2, **SIZES["qwen2_5_3b"])
-lora_qwen2_5_7b = partial(lora_qwen2, **SIZES["qwen2_5_7b"])
-lora_qwen2_5_14b = partial(lora_qwen2, **SIZES["qwen2_5_14b"])
-lora_qwen2_5_32b = partial(lora_qwen2, **SIZES["qwen2_5_32b"])
-lora_qwen2_5_72b = partial(lora_qwen2, **SIZES["qwen2_5_72b"])
-lora_qwen2_tiny = partial(lora_qwen2, **SIZES["qwen2_tiny"])
-qlora_qwen2_0_5b = partial(lora_qwen2_0_5b, quantize_base=True)
-qlora_qwen2_1_5b = partial(lora_qwen2_1_5b, quantize_base=True)
-qlora_qwen2_7b = partial(lora_qwen2_7b, quantize_base=True)
-qlora_qwen2_72b = partial(lora_qwen2_72b, quantize_base=True)
-qlora_qwen2_5_0_5b = partial(lora_qwen2_5_0_5b, quantize_base=True)
-qlora_qwen2_5_1_5b = partial(lora_qwen2_5_1_5b, quantize_base=True)
-qlora_qwen2_5_3b = partial(lora_qwen2_5_3b, quantize_base=True)
-qlora_qwen2_5_7b = partial(lora_qwen2_5_7b, quantize_base=True)
-qlora_qwen2_5_14b = partial(lora_qwen2_5_14b, quantize_base=True)
-qlora_qwen2_5_32b = partial(lora_qwen2_5_32b, quantize_base=True)
-qlora_qwen2_5_72b = partial(lora_qwen2_5_72b, quantize_base=True)
+lora_qwen2_0_5b = lora_preset(lora_qwen2, "lora_qwen2_0_5b", __name__, **SIZES["qwen2_0_5b"])
+lora_qwen2_1_5b = lora_preset(lora_qwen2, "lora_qwen2_1_5b", __name__, **SIZES["qwen2_1_5b"])
+lora_qwen2_7b = lora_preset(lora_qwen2, "lora_qwen2_7b", __name__, **SIZES["qwen2_7b"])
+lora_qwen2_72b = lora_preset(lora_qwen2, "lora_qwen2_72b", __name__, **SIZES["qwen2_72b"])
+lora_qwen2_5_0_5b = lora_preset(lora_qwen2, "lora_qwen2_5_0_5b", __name__, **SIZES["qwen2_5_0_5b"])
+lora_qwen2_5_1_5b = lora_preset(lora_qwen2, "lora_qwen2_5_1_5b", __name__, **SIZES["qwen2_5_1_5b"])
+lora_qwen2_5_3b = lora_preset(lora_qwen2, "lora_qwen2_5_3b", __name__, **SIZES["qwen2_5_3b"])
+lora_qwen2_5_7b = lora_preset(lora_qwen2, "lora_qwen2_5_7b", __name__, **SIZES["qwen2_5_7b"])
+lora_qwen2_5_14b = lora_preset(lora_qwen2, "lora_qwen2_5_14b", __name__, **SIZES["qwen2_5_14b"])
+lora_qwen2_5_32b = lora_preset(lora_qwen2, "lora_qwen2_5_32b", __name__, **SIZES["qwen2_5_32b"])
+lora_qwen2_5_72b = lora_preset(lora_qwen2, "lora_qwen2_5_72b", __name__, **SIZES["qwen2_5_72b"])
+lora_qwen2_tiny = lora_preset(lora_qwen2, "lora_qwen2_tiny", __name__, **SIZES["qwen2_tiny"])
+qlora_qwen2_0_5b = lora_preset(
+    lora_qwen2, "qlora_qwen2_0_5b", __name__, **SIZES["qwen2_0_5b"], quantize_base=True
+)
+qlora_qwen2_1_5b = lora_preset(
+    lora_qwen2, "qlora_qwen2_1_5b", __name__, **SIZES["qwen2_1_5b"], quantize_base=True
+)
+qlora_qwen2_7b = lora_preset(lora_qwen2, "qlora_qwen2_7b", __name__, **SIZES["qwen2_7b"], quantize_base=True)
+qlora_qwen2_72b = lora_preset(
+    lora_qwen2, "qlora_qwen2_72b", __name__, **SIZES["qwen2_72b"], quantize_base=True
+)
+qlora_qwen2_5_0_5b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_0_5b", __name__, **SIZES["qwen2_5_0_5b"], quantize_base=True
+)
+qlora_qwen2_5_1_5b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_1_5b", __name__, **SIZES["qwen2_5_1_5b"], quantize_base=True
+)
+qlora_qwen2_5_3b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_3b", __name__, **SIZES["qwen2_5_3b"], quantize_base=True
+)
+qlora_qwen2_5_7b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_7b", __name__, **SIZES["qwen2_5_7b"], quantize_base=True
+)
+qlora_qwen2_5_14b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_14b", __name__, **SIZES["qwen2_5_14b"], quantize_base=True
+)
+qlora_qwen2_5_32b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_32b", __name__, **SIZES["qwen2_5_32b"], quantize_base=True
+)
+qlora_qwen2_5_72b = lora_preset(
+    lora_qwen2, "qlora_qwen2_5_72b", __name__, **SIZES["qwen2_5_72b"], quantize_base=True
+)

@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.qwen3.qwen3_0_6b` (or `lora_qwen3_0
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -51,6 +49,9 @@ def lora_qwen3(
     return qwen3(**model_kwargs, lora=lora)
 
 
+lora_qwen3.__signature__ = forward_signature(lora_qwen3, qwen3)
+
+
 SIZES = {
     "qwen3_0_6b": dict(num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=1024, intermediate_dim=3072, tie_word_embeddings=True),
     "qwen3_1_7b": dict(num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=2048, intermediate_dim=6144, tie_word_embeddings=True),
@@ -90,16 +91,24 @@ def qwen3_tiny() -> TransformerDecoder:
     return qwen3(**SIZES["qwen3_tiny"])
 
 
-lora_qwen3_0_6b = partial(lora_qwen3, **SIZES["qwen3_0_6b"])
-lora_qwen3_1_7b = partial(lora_qwen3, **SIZES["qwen3_1_7b"])
-lora_qwen3_4b = partial(lora_qwen3, **SIZES["qwen3_4b"])
-lora_qwen3_8b = partial(lora_qwen3, **SIZES["qwen3_8b"])
-lora_qwen3_14b = partial(lora_qwen3, **SIZES["qwen3_14b"])
-lora_qwen3_32b = partial(lora_qwen3, **SIZES["qwen3_32b"])
-lora_qwen3_tiny = partial(lora_qwen3, **SIZES["qwen3_tiny"])
-qlora_qwen3_0_6b = partial(lora_qwen3_0_6b, quantize_base=True)
-qlora_qwen3_1_7b = partial(lora_qwen3_1_7b, quantize_base=True)
-qlora_qwen3_4b = partial(lora_qwen3_4b, quantize_base=True)
-qlora_qwen3_8b = partial(lora_qwen3_8b, quantize_base=True)
-qlora_qwen3_14b = partial(lora_qwen3_14b, quantize_base=True)
-qlora_qwen3_32b = partial(lora_qwen3_32b, quantize_base=True)
+lora_qwen3_0_6b = lora_preset(lora_qwen3, "lora_qwen3_0_6b", __name__, **SIZES["qwen3_0_6b"])
+lora_qwen3_1_7b = lora_preset(lora_qwen3, "lora_qwen3_1_7b", __name__, **SIZES["qwen3_1_7b"])
+lora_qwen3_4b = lora_preset(lora_qwen3, "lora_qwen3_4b", __name__, **SIZES["qwen3_4b"])
+lora_qwen3_8b = lora_preset(lora_qwen3, "lora_qwen3_8b", __name__, **SIZES["qwen3_8b"])
+lora_qwen3_14b = lora_preset(lora_qwen3, "lora_qwen3_14b", __name__, **SIZES["qwen3_14b"])
+lora_qwen3_32b = lora_preset(lora_qwen3, "lora_qwen3_32b", __name__, **SIZES["qwen3_32b"])
+lora_qwen3_tiny = lora_preset(lora_qwen3, "lora_qwen3_tiny", __name__, **SIZES["qwen3_tiny"])
+qlora_qwen3_0_6b = lora_preset(
+    lora_qwen3, "qlora_qwen3_0_6b", __name__, **SIZES["qwen3_0_6b"], quantize_base=True
+)
+qlora_qwen3_1_7b = lora_preset(
+    lora_qwen3, "qlora_qwen3_1_7b", __name__, **SIZES["qwen3_1_7b"], quantize_base=True
+)
+qlora_qwen3_4b = lora_preset(lora_qwen3, "qlora_qwen3_4b", __name__, **SIZES["qwen3_4b"], quantize_base=True)
+qlora_qwen3_8b = lora_preset(lora_qwen3, "qlora_qwen3_8b", __name__, **SIZES["qwen3_8b"], quantize_base=True)
+qlora_qwen3_14b = lora_preset(
+    lora_qwen3, "qlora_qwen3_14b", __name__, **SIZES["qwen3_14b"], quantize_base=True
+)
+qlora_qwen3_32b = lora_preset(
+    lora_qwen3, "qlora_qwen3_32b", __name__, **SIZES["qwen3_32b"], quantize_base=True
+)

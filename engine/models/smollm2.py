@@ -5,9 +5,7 @@ Launch-time use: `_component_: engine.models.smollm2.smollm2_135m` (or `lora_smo
 
 from __future__ import annotations
 
-from functools import partial
-
-from engine.models._decoder_builder import LoRASettings, build_decoder
+from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -51,6 +49,9 @@ def lora_smollm2(
     return smollm2(**model_kwargs, lora=lora)
 
 
+lora_smollm2.__signature__ = forward_signature(lora_smollm2, smollm2)
+
+
 SIZES = {
     "smollm2_135m": dict(num_layers=30, num_heads=9, num_kv_heads=3, embed_dim=576, intermediate_dim=1536, tie_word_embeddings=True),
     "smollm2_360m": dict(num_layers=32, num_heads=15, num_kv_heads=5, embed_dim=960, intermediate_dim=2560, tie_word_embeddings=True),
@@ -70,9 +71,15 @@ def smollm2_1_7b() -> TransformerDecoder:
     return smollm2(**SIZES["smollm2_1_7b"])
 
 
-lora_smollm2_135m = partial(lora_smollm2, **SIZES["smollm2_135m"])
-lora_smollm2_360m = partial(lora_smollm2, **SIZES["smollm2_360m"])
-lora_smollm2_1_7b = partial(lora_smollm2, **SIZES["smollm2_1_7b"])
-qlora_smollm2_135m = partial(lora_smollm2_135m, quantize_base=True)
-qlora_smollm2_360m = partial(lora_smollm2_360m, quantize_base=True)
-qlora_smollm2_1_7b = partial(lora_smollm2_1_7b, quantize_base=True)
+lora_smollm2_135m = lora_preset(lora_smollm2, "lora_smollm2_135m", __name__, **SIZES["smollm2_135m"])
+lora_smollm2_360m = lora_preset(lora_smollm2, "lora_smollm2_360m", __name__, **SIZES["smollm2_360m"])
+lora_smollm2_1_7b = lora_preset(lora_smollm2, "lora_smollm2_1_7b", __name__, **SIZES["smollm2_1_7b"])
+qlora_smollm2_135m = lora_preset(
+    lora_smollm2, "qlora_smollm2_135m", __name__, **SIZES["smollm2_135m"], quantize_base=True
+)
+qlora_smollm2_360m = lora_preset(
+    lora_smollm2, "qlora_smollm2_360m", __name__, **SIZES["smollm2_360m"], quantize_base=True
+)
+qlora_smollm2_1_7b = lora_preset(
+    lora_smollm2, "qlora_smollm2_1_7b", __name__, **SIZES["smollm2_1_7b"], quantize_base=True
+)

@@ -1,0 +1,56 @@
+"""Builders as configs use them: every preset resolves through the `_component_` allow-list,
+validation sees the forwarded size/LoRA keys, and LoRA presets place adapters where asked."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from engine.config import ConfigError, instantiate, validate
+from engine.modules.peft import LoRALinear
+
+FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral", "smollm2"]
+
+
+def _presets():
+    for family in FAMILIES:
+        module = importlib.import_module(f"engine.models.{family}")
+        for name in module.SIZES:
+            for prefix in ("", "lora_", "qlora_"):
+                if hasattr(module, prefix + name):
+                    yield f"engine.models.{family}.{prefix}{name}"
+
+
+def test_every_preset_is_an_allowed_component_and_builds_on_meta():
+    paths = list(_presets())
+    assert len(paths) > 80
+    for path in paths:
+        assert validate({"model": {"_component_": path}}) == [], path
+    with torch.device("meta"):
+        model = instantiate({"_component_": "engine.models.qwen3.qlora_qwen3_0_6b", "lora_rank": 4})
+    assert model.layers[0].attn.q_proj.quantize_base and model.layers[0].attn.q_proj.rank == 4
+
+
+def test_validate_names_a_mistyped_forwarded_key():
+    problems = validate({"model": {"_component_": "engine.models.llama3.lora_llama3_tiny", "num_layer": 2}})
+    assert len(problems) == 1 and "num_layer" in str(problems[0]) and "num_layers" in str(problems[0])
+
+
+def test_lora_placement():
+    model = instantiate(
+        {
+            "_component_": "engine.models.qwen2.lora_qwen2_tiny",
+            "lora_attn_modules": ["k_proj", "output_proj"],
+            "apply_lora_to_mlp": True,
+            "lora_rank": 2,
+        }
+    )
+    attn, mlp = model.layers[1].attn, model.layers[1].mlp
+    assert isinstance(attn.k_proj, LoRALinear) and isinstance(attn.output_proj, LoRALinear)
+    assert not isinstance(attn.q_proj, LoRALinear) and not isinstance(attn.v_proj, LoRALinear)
+    assert attn.k_proj.bias is not None and not attn.k_proj.bias.requires_grad  # Qwen2 QKV bias kept frozen
+    assert all(isinstance(m, LoRALinear) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    with pytest.raises(ConfigError, match="apply_lora_to_output needs an untied output projection"):
+        instantiate({"_component_": "engine.models.qwen2.lora_qwen2_tiny", "apply_lora_to_output": True})
