@@ -24,6 +24,7 @@ class RunDataArrived(Message):
     metrics: dict[str, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     log_text: str = ""
+    step_times: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time) of rank-0 loss rows
 
 
 @dataclass

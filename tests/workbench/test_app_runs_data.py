@@ -211,3 +211,22 @@ def test_app_import_is_light():
     code = "import sys, workbench.app, workbench.screens.runs; print(sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_progress_eta_and_downsampling_keep_what_matters():
+    from workbench.widgets.metric_plot import downsample
+    from workbench.widgets.run_progress import estimate_eta, format_eta, recent_rate
+
+    # ETA from the recent rate ignores a slow first step: 10 steps in the last 20 s -> 2 s/step.
+    assert recent_rate([(5, 100.0), (15, 120.0)]) == 0.5
+    assert recent_rate([(5, 100.0)]) is None
+    assert estimate_eta(10, 100, 50.0) == 450.0 and format_eta(450.0) == "7m30s" and format_eta(None) == "--"
+    # Downsampling 50,000 points keeps a one-step spike and the extremes, drops NaN, stays sorted.
+    xs = list(range(1, 50_001))
+    ys = [1.0 + (i % 7) * 0.01 for i in xs]
+    ys[31_337] = 9.0
+    ys[100] = float("nan")
+    dx, dy = downsample(xs, ys, 160)
+    assert len(dx) <= 170 and max(dy) == 9.0 and dx[dy.index(9.0)] == 31_338
+    assert dx == sorted(dx) and all(y == y for y in dy)
+    assert downsample([1, 2], [3.0, 4.0], 160) == ([1.0, 2.0], [3.0, 4.0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 from textual import work
@@ -87,6 +87,7 @@ class LiveRunScreen(Screen):
         self._recipe_panel = False
         self._poll_lock = threading.Lock()
         self._caught_up = False  # False until the first poll (history) has been shown
+        self._step_times: deque[tuple[int, float]] = deque(maxlen=30)  # recent (step, time) for the ETA
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -137,11 +138,13 @@ class LiveRunScreen(Screen):
                 {k: dict(v) for k, v in grouped.items()},
                 [{"kind": e.kind, "text": e.text, "step": e.step} for e in events],
                 log_text,
+                [(m.step, m.time) for m in metrics if m.name == "loss" and m.rank == 0],
             )
         )
 
     def on_run_data_arrived(self, message: RunDataArrived) -> None:
         self.run = message.run
+        self._step_times.extend(message.step_times)
         for name, ranks in message.metrics.items():
             for rank, points in ranks.items():
                 xs, ys = self.series[name].setdefault(rank, ([], []))
@@ -239,6 +242,7 @@ class LiveRunScreen(Screen):
         with self._poll_lock:
             self._after_metric = 0
             self._log_offset = 0
+            self._step_times.clear()
 
             def clear() -> None:
                 self.series.clear()

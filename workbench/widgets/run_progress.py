@@ -19,6 +19,14 @@ def format_eta(seconds: float | None) -> str:
     return f"{s}s"
 
 
+def recent_rate(step_times: list[tuple[int, float]]) -> float | None:
+    """Steps per second over the recent `(step, time)` points (the first step's start-up excluded)."""
+    if len(step_times) < 2:
+        return None
+    (s0, t0), (s1, t1) = step_times[0], step_times[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
+
 def estimate_eta(step: int, total: int | None, elapsed_s: float | None) -> float | None:
     """Seconds left at the average rate so far; None without a total or before the first step."""
     if not total or not elapsed_s or step <= 0 or step >= total:
@@ -46,9 +54,16 @@ class RunProgress(Horizontal):
         yield ProgressBar(total=None, show_eta=False, show_percentage=True, id="progress-bar")
         yield Label("step -", id="progress-text")
 
-    def update_progress(self, step: int, total: int | None, elapsed_s: float | None) -> None:
+    def update_progress(
+        self, step: int, total: int | None, elapsed_s: float | None, rate: float | None = None
+    ) -> None:
+        """Show `step`/`total`; the ETA uses `rate` (recent steps per second) when given, else the
+        average since the start."""
         bar = self.query_one(ProgressBar)
         bar.update(total=total or None, progress=step)
-        eta = format_eta(estimate_eta(step, total, elapsed_s))
+        if rate and total and step < total:
+            eta = format_eta((total - step) / rate)
+        else:
+            eta = format_eta(estimate_eta(step, total, elapsed_s))
         text = f"step {step}/{total}  ETA {eta}" if total else f"step {step}"
         self.query_one("#progress-text", Label).update(text)
