@@ -53,3 +53,15 @@ def config_diff(configs: list[dict], *, ignore: tuple[str, ...] = ("output_dir",
         if any(v != vals[0] for v in vals[1:]):
             diff[k] = vals
     return diff
+
+
+def emit(text: str) -> None:
+    """Print `text` to stdout; a closed pipe (`tunebench runs | head`) ends the output quietly."""
+    import os
+    import sys
+
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.config import parse_yaml
     from engine.tracking.db import open_db
     from engine.tracking.readers import get_run, summarize
-    from workbench.cli_format import config_diff, json_safe, table
+    from workbench.cli_format import config_diff, emit, json_safe, table
     from workbench.errors import UserError
     from workbench.run_progress import human_number
 
@@ -28,9 +28,7 @@ def run(args: argparse.Namespace) -> int:
     configs = [parse_yaml(s.run.config_text, source=f"run {s.run.name}") for s in summaries]
     diff = config_diff(configs)
     if args.json:
-        print(
-            json.dumps(json_safe({"runs": [s.to_dict() for s in summaries], "config_diff": diff}), indent=2)
-        )
+        emit(json.dumps(json_safe({"runs": [s.to_dict() for s in summaries], "config_diff": diff}), indent=2))
         return 0
     names = [s.run.name for s in summaries]
     f = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
@@ -44,13 +42,14 @@ def run(args: argparse.Namespace) -> int:
         ["peak memory GB", *[f(s.mem_peak_gb) for s in summaries]],
         ["parent", *[s.run.parent_id or "-" for s in summaries]],
     ]
-    print(table(["", *names], rows))
-    print()
+    text = table(["", *names], rows) + "\n\n"
     if diff:
-        print("config differences:")
-        print(table(["KEY", *names], [[k, *[_show(v) for v in vals]] for k, vals in diff.items()]))
+        text += "config differences:\n" + table(
+            ["KEY", *names], [[k, *[_show(v) for v in vals]] for k, vals in diff.items()]
+        )
     else:
-        print("configs are identical (output_dir aside)")
+        text += "configs are identical (output_dir aside)"
+    emit(text)
     return 0
 
 

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.tracking.db import open_db
     from engine.tracking.paths import db_path
     from engine.tracking.readers import list_summaries
-    from workbench.cli_format import json_safe, table
+    from workbench.cli_format import emit, json_safe, table
     from workbench.run_progress import human_duration, human_number
 
     if not db_path().exists():
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     with open_db() as db:
         rows = list_summaries(db=db, status=args.status, limit=args.limit)
     if args.json:
-        print(json.dumps([json_safe(s.to_dict()) for s in rows], indent=2))
+        emit(json.dumps([json_safe(s.to_dict()) for s in rows], indent=2))
         return 0
     now = time.time()
     body = [
@@ -47,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
         ]
         for s in rows
     ]
-    print(table(["ID", "NAME", "RECIPE", "STATUS", "STEP", "LOSS", "TOK/S", "PEAK GB", "CREATED"], body))
+    emit(table(["ID", "NAME", "RECIPE", "STATUS", "STEP", "LOSS", "TOK/S", "PEAK GB", "CREATED"], body))
     return 0

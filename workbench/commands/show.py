@@ -64,7 +64,7 @@ def metric_series_rows(run_id: str, name: str, db) -> list[tuple[int, float, int
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.cli_format import json_safe, table
+    from workbench.cli_format import emit, json_safe, table
     from workbench.run_progress import human_duration, human_number
 
     if args.follow:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         return follow(rec.id, stream=sys.stderr)
     data = collect(args.run)
     if args.json:
-        print(json.dumps(json_safe(data), indent=2))
+        emit(json.dumps(json_safe(data), indent=2))
         return 0
     r = data["run"]
     fmt_t = lambda t: "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             f"  step {e['step']}: {e['kind']}: {e['text']}" for e in data["events"][-15:]
         ]
     lines += ["", "config:", data["config"].rstrip()]
-    print("\n".join(lines))
+    emit("\n".join(lines))
     return 0
 
 
