@@ -3,10 +3,12 @@
 FSDP2 part: 2 ranks x 2 micro-batches, linear CE with token-normalised accumulation, activation
 checkpointing, grad clipping, AdamW on DTensor shards, model built on meta and materialised from a full
 state dict — versus one process, full batch, plain CE on materialised logits, torch clip_grad_norm_.
+Optimizer-in-backward on FSDP2 shards versus one plain SGD process.
 TP part: tp=2 forward logits and gradient norm versus the plain model.
 Prints `OK <json>` on rank 0; any mismatch raises and the rank exits 1.
 """
 
+import functools
 import json
 import sys
 import traceback
@@ -23,6 +25,7 @@ from engine.training import (
     materialize_model,
     parallelize,
     scale_for_step,
+    setup_optimizer_in_backward,
     shutdown,
 )
 from tests.engine.training.tiny_decoder import TinyDecoder, tiny_decoder
@@ -45,14 +48,14 @@ def batches():
     return out
 
 
-def reference():
+def reference(clip=True):
     model = tiny_decoder(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses, norms = [], []
     for tokens, labels in batches():
         loss = F.cross_entropy(model(tokens).view(-1, 128), labels.view(-1), ignore_index=-100)
         loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM if clip else 1e9).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -88,6 +91,25 @@ def fsdp_run(info):
     return full, losses, norms
 
 
+def fsdp_in_backward_run(info):
+    """FSDP2 calls post-accumulate-grad hooks after its reduce-scatter: updates happen on the shards."""
+    mesh = build_world_mesh(info)
+    with torch.device("meta"):
+        model = TinyDecoder()
+    parallelize(model, world_mesh=mesh, fsdp=True)
+    materialize_model(model, device=info.device, state_dict=tiny_decoder(seed=0).state_dict())
+    opt = setup_optimizer_in_backward(model, functools.partial(torch.optim.SGD, lr=LR, momentum=0.9))
+    loss_fn = LinearCrossEntropyLoss(chunk_size=8, reduction="sum")
+    for tokens, labels in batches():
+        mine = slice(2 * info.rank, 2 * info.rank + 2)
+        total = count_step_tokens([labels[mine]])
+        loss = loss_fn(model.forward_hidden(tokens[mine]), model.output_weight, labels[mine])
+        scale_for_step(loss, total, info.world_size).backward()
+        assert all(p.grad is None for p in model.parameters())  # freed right after each update
+        opt.step()
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+
+
 def tp_run(info, ref_model):
     mesh = build_world_mesh(info, tp=2)
     model = tiny_decoder(seed=0)
@@ -114,6 +136,10 @@ def main():
     assert set(full) == set(ref_model.state_dict())
     for key, value in ref_model.state_dict().items():
         torch.testing.assert_close(full[key], value, **TOL, msg=lambda m, k=key: f"{k}: {m}")
+    ref_unclipped, _, _ = reference(clip=False)
+    in_bwd = fsdp_in_backward_run(info)
+    for key, value in ref_unclipped.state_dict().items():
+        torch.testing.assert_close(in_bwd[key], value, **TOL, msg=lambda m, k=key: f"in-bwd {k}: {m}")
     tp_norm = tp_run(info, ref_model)
     if info.rank == 0:
         print(
