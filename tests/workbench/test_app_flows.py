@@ -223,3 +223,79 @@ async def test_configure_validate_launch_watch_stop_resume_clone_compare_export(
         text = (tmp_path / "exported.yaml").read_text()
         assert text.startswith("# tunebench run lsq") and yaml.safe_load(text)["lr"] == 0.02
         await asyncio.sleep(0)
+
+
+TINY_SFT = """# tunebench run sft --config tiny_sft.yaml
+seed: 0
+device: cpu
+dtype: fp32
+checkpoint_dir: null
+model:
+  _component_: engine.models.llama3.llama3
+  vocab_size: 49152
+  num_layers: 2
+  num_heads: 4
+  num_kv_heads: 2
+  embed_dim: 64
+  intermediate_dim: 128
+  max_seq_len: 256
+  rope_base: 10000.0
+tokenizer:
+  _component_: engine.data.tokenizers.load_tokenizer
+  path: {tokenizer}
+dataset:
+  _component_: engine.data.instruct_dataset
+  source: {data}
+  template: engine.data.AlpacaInstructTemplate
+  max_seq_len: 48
+batch_size: 4
+gradient_accumulation_steps: 1
+epochs: 1
+max_steps_per_epoch: 12
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 0.003
+lr_scheduler:
+  _component_: engine.training.cosine_schedule_with_warmup
+  num_warmup_steps: 2
+loss:
+  _component_: engine.modules.loss.LinearCrossEntropyLoss
+save_every_n_steps: null
+keep_last_n_checkpoints: 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+async def test_launch_a_tiny_sft_run_and_watch_it(tunebench_home, tmp_path, monkeypatch, shared_assets):
+    """The real SFT recipe (2-layer, 64-dim Llama on alpaca-cleaned rows) launched from the Recipe
+    screen: the estimate is shown, the Live screen plots loss and memory, and the run completes."""
+    from workbench.screens.live import LiveRunScreen
+    from workbench.screens.recipe import RecipeScreen
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny_sft.yaml").write_text(
+        TINY_SFT.format(
+            tokenizer=shared_assets / "tokenizers" / "smollm2",
+            data=shared_assets / "data" / "alpaca_data_cleaned_1000.json",
+        )
+    )
+    app = make_app(interval=0.3)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            app.push_screen(app.make_screen("recipe", config="tiny_sft.yaml"))
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+            await wait_for(pilot, lambda: screen.base.get("max_steps_per_epoch") == 12, what="loaded")
+            await wait_for(pilot, lambda: screen.query_one("MemoryPanel").last_estimate, 120, "estimate")
+            await pilot.press("f5")
+            await wait_for(pilot, lambda: any("valid" in str(n.message) for n in app._notifications), 60)
+            await pilot.press("f9")
+            live = await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen) and app.screen, 120)
+            await wait_for(pilot, lambda: _run(live.run_id).status in ("completed", "failed"), 400, "end")
+            await wait_for(pilot, lambda: live.run.get("status") == "completed", 20, "live shows completed")
+            await wait_for(pilot, lambda: len(live.series.get("loss", {}).get(0, ([], []))[0]) == 12, 20)
+            losses = live.series["loss"][0][1]
+            assert losses[-1] < losses[0], "the loss falls"
+            assert live.series.get("mem_peak_gb"), "memory per rank is plotted"
+    finally:
+        _stop_all()

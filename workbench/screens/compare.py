@@ -1,6 +1,6 @@
 """Compare: two or more runs' curves overlaid by step, a summary table (final and best loss,
-median tokens/s, peak memory, wall time) and their config differences grouped as model, data mix,
-recipe, memory options and hyperparameters.
+median tokens/s, peak memory beside the memory estimate, wall time) and their config differences
+grouped as model, data mix, recipe, memory options and hyperparameters.
 """
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ def summarize(run: dict[str, Any], series: dict[str, tuple[Any, Any]]) -> dict[s
         "mem_peak_gb": float(mem.max()) if mem.size else None,
         "wall_s": (ended - started) if started and ended else None,
     }
+
+
+def _estimate_gb(run: dict[str, Any]) -> float | None:
+    """The memory estimate of a run's config in GiB (beside its measured peak), or None."""
+    import yaml
+
+    from engine.training.memory_estimate import GiB
+
+    try:
+        cfg = yaml.safe_load(run.get("config_text") or "") or {}
+        return services.estimate_config(cfg, int(run.get("nproc") or 1)).total_bytes / GiB
+    except Exception:  # no card for this model, or a config the estimate does not cover
+        return None
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -113,6 +126,7 @@ class CompareScreen(Screen):
                         xs.append(m.step)
                         ys.append(m.value)
                 runs[rid], data[rid] = run, as_arrays(series)
+                run["estimate_gb"] = _estimate_gb(run)
         except Exception as exc:
             self.post_message(ActionDone("compare", f"cannot read runs: {exc}", ok=False))
             return
@@ -125,7 +139,14 @@ class CompareScreen(Screen):
         table = self.query_one("#summary", DataTable)
         table.clear(columns=True)
         table.add_columns(
-            "run", "status", "final loss", "best loss", "tok/s (median)", "peak GB", "wall time"
+            "run",
+            "status",
+            "final loss",
+            "best loss",
+            "tok/s (median)",
+            "peak GB",
+            "estimate GB",
+            "wall time",
         )
         for rid in self.run_ids:
             run = runs[rid]
@@ -137,6 +158,7 @@ class CompareScreen(Screen):
                 _fmt(s["best_loss"], ".4f"),
                 _fmt(s["tokens_per_sec"], ",.0f"),
                 _fmt(s["mem_peak_gb"], ".2f"),
+                _fmt(run.get("estimate_gb"), ".2f"),
                 format_duration(s["wall_s"]),
             )
         self.query_one("#diff", Static).update(self._diff_table())

@@ -17,19 +17,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
 
+from workbench.errors import UserError
 from workbench.messages import ActionDone
 from workbench.screens import services
 from workbench.screens.confirm import TextPromptScreen
-from workbench.screens.recipe_options import (
-    KNOBS,
-    card_with_overrides,
-    get_path,
-    knob_key,
-    method_of,
-    model_shape_source,
-    override_text,
-    training_options,
-)
+from workbench.screens.recipe_options import KNOBS, get_path, knob_key, method_of, override_text
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.yaml_view import YamlView
 
@@ -295,30 +287,14 @@ class RecipeScreen(Screen):
 
     @work(thread=True, exclusive=True, group="recipe-estimate")
     def estimate(self, cfg: dict, nproc: int) -> None:
-        from engine.training.memory_estimate import (
-            MemoryEstimateError,
-            ModelShape,
-            TrainingOptions,
-            estimate_memory,
-        )
+        from engine.training.memory_estimate import MemoryEstimateError
 
         panel = self.query_one(MemoryPanel)
         try:
-            source = model_shape_source(cfg)
-            node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
-            card = source if isinstance(source, dict) else services.model_card(source, node)
-            if card is not None and not isinstance(source, dict):
-                card = card_with_overrides(card, node)
-            if card is None:
-                self.app.call_from_thread(
-                    panel.show_message, f"no model card for {source!r}: the estimate needs the model's shape"
-                )
-                return
-            est = estimate_memory(
-                ModelShape.from_card(card),
-                TrainingOptions(**training_options(cfg, nproc)),
-                overhead=self.device[0].startswith("cuda"),
-            )
+            est = services.estimate_config(cfg, nproc, overhead=self.device[0].startswith("cuda"))
+        except UserError as exc:
+            self.app.call_from_thread(panel.show_message, str(exc))
+            return
         except (MemoryEstimateError, ValueError, TypeError, OSError, ImportError) as exc:
             self.app.call_from_thread(panel.show_message, f"no estimate: {exc}")
             return

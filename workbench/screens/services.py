@@ -327,3 +327,26 @@ def preview_source(node: dict[str, Any], tokenizer_path: str, index: int) -> dic
         "length": len(ds),
         "stats": stats,
     }
+
+
+def estimate_config(cfg: dict[str, Any], nproc: int = 1, *, overhead: bool = False) -> Any:
+    """The memory estimate (`engine.training.memory_estimate.MemoryEstimate`) of a run config.
+
+    The model's shape comes from its checkpoint folder's `config.json` or its model card. Raises
+    `UserError` when neither is known, `MemoryEstimateError` on an option it cannot estimate.
+    """
+    from engine.training.memory_estimate import ModelShape, TrainingOptions, estimate_memory
+    from workbench.screens.recipe_options import card_with_overrides, model_shape_source, training_options
+
+    source = model_shape_source(cfg)
+    node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    if isinstance(source, dict):
+        card: Any = source
+    else:
+        found = model_card(source, node)
+        if found is None:
+            raise UserError(f"no model card for {source!r}: the estimate needs the model's shape")
+        card = card_with_overrides(found, node)
+    return estimate_memory(
+        ModelShape.from_card(card), TrainingOptions(**training_options(cfg, nproc)), overhead=overhead
+    )
