@@ -1,0 +1,81 @@
+"""Direct preference optimisation losses on sequence log-probabilities: sigmoid (DPO), IPO, hinge.
+
+The recipe computes, for every preference pair, the summed log-probability of the chosen and of the
+rejected response under the policy and under the frozen reference; this module turns those four `[B]`
+vectors into a per-pair loss and the implicit rewards `beta * (log pi - log pi_ref)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ConfigError
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+
+class DPOLoss(nn.Module):
+    """Per-pair preference loss.
+
+    With `h = (logp_c - logp_r) - (ref_c - ref_r)` (the policy's log-ratio margin over the reference's):
+    - `sigmoid` (DPO): `-(1 - ls) * logsigmoid(beta * h) - ls * logsigmoid(-beta * h)`
+      (`ls` = `label_smoothing`, the conservative-DPO assumption that a fraction of labels is flipped);
+    - `ipo`: `(h - 1 / (2 * beta))^2` (regresses the margin to a fixed target; no saturation);
+    - `hinge`: `relu(1 - beta * h)` (SLiC; stops pushing once the margin passes 1/beta).
+
+    Args:
+        beta (float): strength of the KL anchor to the reference (default 0.1; larger stays closer).
+        label_smoothing (float): 0 <= ls < 0.5, sigmoid loss only (default 0).
+        loss_type (str): "sigmoid" | "ipo" | "hinge".
+    Raises:
+        ConfigError: unknown loss type, beta <= 0, label smoothing out of range or used with ipo/hinge.
+    """
+
+    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, loss_type: str = "sigmoid") -> None:
+        super().__init__()
+        if loss_type not in DPO_LOSS_TYPES:
+            raise ConfigError(
+                f"loss.loss_type: unknown {loss_type!r} — use one of {', '.join(DPO_LOSS_TYPES)}",
+                field="loss.loss_type",
+            )
+        if not beta > 0:
+            raise ConfigError(f"loss.beta: must be > 0, got {beta}", field="loss.beta")
+        if not 0.0 <= label_smoothing < 0.5:
+            raise ConfigError(
+                f"loss.label_smoothing: must be in [0, 0.5), got {label_smoothing}",
+                field="loss.label_smoothing",
+            )
+        if label_smoothing and loss_type != "sigmoid":
+            raise ConfigError(
+                f"loss.label_smoothing: only the sigmoid loss uses it — set it to 0 for {loss_type}",
+                field="loss.label_smoothing",
+            )
+        self.beta = float(beta)
+        self.label_smoothing = float(label_smoothing)
+        self.loss_type = loss_type
+
+    def forward(
+        self,
+        policy_chosen_logps: torch.Tensor,  # [B] summed log-probs of the chosen responses
+        policy_rejected_logps: torch.Tensor,  # [B]
+        reference_chosen_logps: torch.Tensor,  # [B] (no grad)
+        reference_rejected_logps: torch.Tensor,  # [B] (no grad)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(losses [B], chosen_rewards [B], rejected_rewards [B])`; rewards are detached."""
+        pi = policy_chosen_logps.float() - policy_rejected_logps.float()
+        ref = reference_chosen_logps.float() - reference_rejected_logps.float()
+        h = pi - ref  # [B]
+        if self.loss_type == "sigmoid":
+            ls = self.label_smoothing
+            losses = -(1.0 - ls) * F.logsigmoid(self.beta * h) - ls * F.logsigmoid(-self.beta * h)
+        elif self.loss_type == "ipo":
+            losses = (h - 1.0 / (2.0 * self.beta)) ** 2
+        else:
+            losses = torch.relu(1.0 - self.beta * h)
+        chosen_rewards = self.beta * (policy_chosen_logps.float() - reference_chosen_logps.float()).detach()
+        rejected_rewards = (
+            self.beta * (policy_rejected_logps.float() - reference_rejected_logps.float()).detach()
+        )
+        return losses, chosen_rewards, rejected_rewards

@@ -1,0 +1,1 @@
+"""RL / preference helpers: rewards (math verifier, format, user functions), token log-probs, toy tasks."""
