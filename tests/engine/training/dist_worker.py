@@ -1,4 +1,5 @@
-"""Run under torchrun with 2 ranks (see test_parallelize.py): FSDP2 and TP against one plain process.
+"""Run under torchrun with 2 ranks (see test_parallelize.py): FSDP2 and TP against one plain process,
+on the real decoder (engine.models.llama3.llama3_tiny).
 
 FSDP2 part: 2 ranks x 2 micro-batches, linear CE with token-normalised accumulation, activation
 checkpointing, grad clipping, AdamW on DTensor shards, model built on meta and materialised from a full
@@ -16,6 +17,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from engine.models.llama3 import llama3_tiny
 from engine.modules.loss import LinearCrossEntropyLoss
 from engine.training import (
     build_world_mesh,
@@ -28,7 +30,15 @@ from engine.training import (
     setup_optimizer_in_backward,
     shutdown,
 )
-from tests.engine.training.tiny_decoder import TinyDecoder, tiny_decoder
+
+
+def tiny_decoder(seed=0):
+    # The real decoder (engine.modules.TransformerDecoder), 2 layers, 64 dims, vocab 256, GQA 4/2 heads.
+    torch.manual_seed(seed)
+    return llama3_tiny()
+
+
+VOCAB = 256
 
 STEPS, MAX_NORM, LR = 3, 0.5, 0.5
 # SGD with momentum (linear in the gradients): Adam divides by sqrt(v) and turns 1e-8 gradient noise on
@@ -40,8 +50,8 @@ def batches():
     g = torch.Generator().manual_seed(7)
     out = []
     for _ in range(STEPS):
-        tokens = torch.randint(0, 128, (4, 12), generator=g)
-        labels = torch.randint(0, 128, (4, 12), generator=g)
+        tokens = torch.randint(0, VOCAB, (4, 12), generator=g)
+        labels = torch.randint(0, VOCAB, (4, 12), generator=g)
         for row, n in enumerate([0, 5, 9, 3]):
             labels[row, :n] = -100
         out.append((tokens, labels))
@@ -53,7 +63,7 @@ def reference(clip=True):
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses, norms = [], []
     for tokens, labels in batches():
-        loss = F.cross_entropy(model(tokens).view(-1, 128), labels.view(-1), ignore_index=-100)
+        loss = F.cross_entropy(model(tokens).view(-1, VOCAB), labels.view(-1), ignore_index=-100)
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM if clip else 1e9).item())
         opt.step()
@@ -65,7 +75,7 @@ def reference(clip=True):
 def fsdp_run(info):
     mesh = build_world_mesh(info)
     with torch.device("meta"):
-        model = TinyDecoder()
+        model = llama3_tiny()
     parallelize(model, world_mesh=mesh, activation_checkpointing=True, fsdp=True)
     materialize_model(model, device=info.device, state_dict=tiny_decoder(seed=0).state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
@@ -88,6 +98,12 @@ def fsdp_run(info):
         opt.zero_grad()
         losses.append(step_loss.item() / info.world_size)
     full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    # Plain forward (which itself calls the registered forward_hidden) under FSDP: same logits.
+    tokens = batches()[0][0]
+    with torch.no_grad():
+        plain = tiny_decoder(seed=0)
+        plain.load_state_dict(full)
+        torch.testing.assert_close(model(tokens), plain(tokens), **TOL)
     return full, losses, norms
 
 
@@ -95,7 +111,7 @@ def fsdp_in_backward_run(info):
     """FSDP2 calls post-accumulate-grad hooks after its reduce-scatter: updates happen on the shards."""
     mesh = build_world_mesh(info)
     with torch.device("meta"):
-        model = TinyDecoder()
+        model = llama3_tiny()
     parallelize(model, world_mesh=mesh, fsdp=True)
     materialize_model(model, device=info.device, state_dict=tiny_decoder(seed=0).state_dict())
     opt = setup_optimizer_in_backward(model, functools.partial(torch.optim.SGD, lr=LR, momentum=0.9))
@@ -118,8 +134,8 @@ def tp_run(info, ref_model):
     tokens, labels = batches()[0]
     logits, ref_logits = model(tokens), plain(tokens)
     torch.testing.assert_close(logits, ref_logits, **TOL)
-    F.cross_entropy(logits.view(-1, 128), labels.view(-1)).backward()
-    F.cross_entropy(ref_logits.view(-1, 128), labels.view(-1)).backward()
+    F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)).backward()
+    F.cross_entropy(ref_logits.view(-1, VOCAB), labels.view(-1)).backward()
     norm = clip_grad_norm(model.parameters(), None)
     ref_norm = torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()])
     torch.testing.assert_close(norm, ref_norm, **TOL)
