@@ -79,14 +79,14 @@ def test_launch_demo_quit_reopen_still_running(tunebench_home, tmp_path):
         tmux.wait(r"recipe sft · lora", 60)
         tmux.wait(r"demo/smollm2_135m_lora", 10)
         # ... here made lighter (shorter sequences, smaller batches: a shared 2-core CPU) and loaded
-        # through the "config file" box, the second field of the form.
+        # through the "config file" box (ctrl+o).
         demo = (REPO / "configs" / "demo" / "smollm2_135m_lora.yaml").read_text()
         light = demo.replace("n: 3000", "n: 400").replace("max_seq_len: 256", "max_seq_len: 96")
         light = light.replace("batch_size: 8", "batch_size: 2").replace(
             "every_n_steps: 20", "every_n_steps: 1000"
         )
         (tmp_path / "demo_light.yaml").write_text(light)
-        tmux.keys("Tab")
+        tmux.keys("C-o")
         tmux.keys("demo_light.yaml", "Enter")
         tmux.wait(r"batch size\s+2", 30)
         tmux.keys("F9")

@@ -34,6 +34,7 @@ class RecipeScreen(Screen):
         Binding("f5", "validate", "validate"),
         Binding("f6", "export", "export YAML"),
         Binding("f9", "launch", "launch"),
+        Binding("ctrl+o", "open_config", "open file", show=False),
         Binding("ctrl+d", "use_mix", "use data mix", show=False),
         Binding("escape", "back", "back"),
     ]
@@ -103,7 +104,7 @@ class RecipeScreen(Screen):
         with Horizontal():
             with VerticalScroll(id="form"):
                 yield Select([], prompt="built-in config", id="config-select", allow_blank=True, compact=True)
-                yield Input(placeholder="or a config file / name + enter", id="config-path", compact=True)
+                yield Input(placeholder="or a config file (ctrl+o) + enter", id="config-path", compact=True)
                 yield Label("", id="recipe-info")
                 yield Input(placeholder="run name (optional)", id="run-name", compact=True)
                 with Horizontal(classes="knob"):
@@ -169,6 +170,10 @@ class RecipeScreen(Screen):
                 "no built-in configs under configs/: type a config file path on the left"
             )
             self.query_one("#recipe-info", Label).update("no config loaded")
+
+    def action_open_config(self) -> None:
+        """Focus the config-file box (type a path or built-in name, then enter)."""
+        self.query_one("#config-path", Input).focus()
 
     @on(Input.Submitted, "#config-path")
     def _config_path(self, event: Input.Submitted) -> None:

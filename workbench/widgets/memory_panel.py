@@ -17,7 +17,7 @@ def render_estimate(
     table.add_column(justify="left")
     table.add_column(justify="right")
     for name, gib in est.as_gib().items():
-        if name == "total":
+        if name == "total" or (name == "overhead" and not gib):
             continue
         table.add_row(name, f"{gib:.2f} GiB")
     total = est.total_bytes / GiB
