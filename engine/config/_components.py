@@ -19,6 +19,7 @@ The prefix check runs before anything is imported, so a refused path never execu
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 import re
@@ -146,10 +147,12 @@ def _check_reached(name: str, obj: Any, *, field: str, extra: Iterable[str]) -> 
     user = _user_prefixes(extra)
     if isinstance(obj, types.ModuleType):
         target = obj.__name__
-    else:
+    elif inspect.isclass(obj) or inspect.isroutine(obj):  # instances (a functools.partial) are the owner's
         target = getattr(obj, "__module__", None)
         if not isinstance(target, str) or target.split(".")[0] not in sys.stdlib_module_names:
             return
+    else:
+        return
     why = _refusal(target, user)
     if why is not None:
         raise _refuse(

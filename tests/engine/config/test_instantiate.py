@@ -183,3 +183,17 @@ def test_import_component_direct_use():
         ConfigError, match=r"^os\.system: component os\.system is not under an allowed prefix"
     ):
         import_component("os.system")
+
+
+def test_partial_objects_under_an_allowed_module_are_allowed(monkeypatch):
+    import functools
+    import sys
+    import types
+
+    module = types.ModuleType("engine._tb_partial")
+    module.linear_2_to = functools.partial(torch.nn.Linear, 2)
+    module.leaked_system = __import__("os").system  # a stdlib routine re-exported: still refused
+    monkeypatch.setitem(sys.modules, "engine._tb_partial", module)
+    assert instantiate({"_component_": "engine._tb_partial.linear_2_to", "out_features": 3}).in_features == 2
+    with pytest.raises(ConfigError, match=r"leads to module (os|posix)"):
+        instantiate({"_component_": "engine._tb_partial.leaked_system", "command": "true"})
