@@ -12,7 +12,7 @@ Refused unless a user-given prefix names them explicitly:
   `engine.config` itself (a config must not widen its own allow-list);
 - dunder segments anywhere, and private segments (`_x`) under `torch`/`torchao`;
 - paths that pass the prefix check but reach another module (`torch.os.system`: every module on the
-  way, and the defining module of a stdlib callable, must be allowed too).
+  way, and the defining module of a stdlib class or function, must be allowed too).
 The prefix check runs before anything is imported, so a refused path never executes code.
 """
 
