@@ -89,6 +89,7 @@ class MetricLogger:
         self._line: dict[str, float] = {}
         self._oldest: float | None = None
         self._closed = False
+        self._pid = os.getpid()  # a forked child (DataLoader worker) must never touch this connection
         self._error: BaseException | None = None
         self._queue: queue.Queue[_Batch | None] = queue.Queue()
         self._db: sqlite3.Connection | None = connect(home) if run_id is not None else None
@@ -157,6 +158,8 @@ class MetricLogger:
 
     def flush(self) -> None:
         """Hand over everything buffered and wait until it is written (prints the pending step line)."""
+        if os.getpid() != self._pid:  # in a forked child: the parent owns the rows and the database
+            return
         with self._lock:
             self._print_line()
             self._handoff()
@@ -174,7 +177,10 @@ class MetricLogger:
             )
 
     def close(self) -> None:
-        """Flush, stop the writer thread and release the database; later calls are ignored."""
+        """Flush, stop the writer thread and release the database; later calls are ignored (also in a
+        forked child, which must not use the parent's SQLite connection)."""
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             if self._closed:
                 return

@@ -90,6 +90,12 @@ def test_bad_input_is_one_line_and_exit_2(cfg, capsys, tmp_path):
         assert err.startswith("tunebench: ") and "\n" not in err and "Traceback" not in err, err
     with open_db() as db:
         assert readers.list_runs(db=db) == []  # nothing registered by the failed commands
+    # `tunebench runs --json | head -0`: the reader is gone before anything is written
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "runs", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0
+    assert b"Traceback" not in proc.stderr.read()
 
 
 def test_ctrl_c_without_a_terminal_detaches_exit_code_of_a_failed_run_and_stop(cfg, tunebench_home, capsys):

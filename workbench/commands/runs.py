@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from workbench.run_progress import human_duration, human_number
 
     if not db_path().exists():
-        print("[]" if args.json else "no runs yet: start one with `tunebench run RECIPE --config FILE`")
+        emit("[]" if args.json else "no runs yet: start one with `tunebench run RECIPE --config FILE`")
         return 0
     with open_db() as db:
         rows = list_summaries(db=db, status=args.status, limit=args.limit)

@@ -141,3 +141,26 @@ def test_truncate_after_is_atomic_and_complete(tunebench_home):
         assert readers.events_since(run.id, db=db) == []
         assert readers.eval_results(run.id, db=db) == []
         assert readers.get_run(run.id, db=db).step == 6
+
+
+def test_a_forked_child_never_touches_the_parents_connection(tunebench_home):
+    import os
+
+    with open_db() as db:
+        run = _run(db)
+    log = MetricLogger(run_id=run.id, echo=False)
+    log.log(1, {"loss": 1.0})
+    pid = os.fork()
+    if pid == 0:  # a DataLoader-style worker: whatever it calls is a no-op
+        try:
+            log.log(2, {"child": 1.0})
+            log.flush()
+            log.close()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    log.log(2, {"loss": 0.5})
+    log.close()
+    with open_db() as db:
+        assert [(r.step, r.name) for r in readers.metrics_since(run.id, db=db)] == [(1, "loss"), (2, "loss")]
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
