@@ -66,3 +66,20 @@ def test_offloading_same_gradients_on_cuda():
     loss.backward()
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_checkpointing_the_real_decoder_keeps_gradients():
+    from engine.models.llama3 import llama3_tiny
+
+    torch.manual_seed(0)
+    plain = llama3_tiny()
+    torch.manual_seed(0)
+    wrapped = llama3_tiny()
+    apply_activation_checkpointing(wrapped)
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    loss_ref, saved_ref, grads_ref = _saved_bytes_and_grads(plain, tokens)
+    loss, saved, grads = _saved_bytes_and_grads(wrapped, tokens)
+    torch.testing.assert_close(loss, loss_ref, atol=0, rtol=0)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(grad, grad_ref, atol=0, rtol=0)
+    assert saved < saved_ref

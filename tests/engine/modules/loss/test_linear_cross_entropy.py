@@ -96,3 +96,44 @@ def test_bad_options_name_the_field():
         LinearCrossEntropyLoss(chunk_size=0)
     with pytest.raises(ConfigError, match="reduction"):
         LinearCrossEntropyLoss(reduction="none")
+
+
+def _decoder_case(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (2, 12), generator=g)
+    labels = torch.randint(0, 256, (2, 12), generator=g)
+    labels[:, :4] = -100
+    return tokens, labels
+
+
+@pytest.mark.parametrize("builder", ["llama3_tiny", "qwen2_tiny", "lora_output"])
+def test_on_the_real_decoder_matches_ce_on_its_logits(builder):
+    """`forward_hidden` + `output_weight` through LCE == CE on `model(tokens)`, for every parameter's grad."""
+    from engine.models.llama3 import llama3_tiny, lora_llama3_tiny
+    from engine.models.qwen2 import qwen2_tiny
+
+    def build():
+        torch.manual_seed(0)
+        if builder == "lora_output":  # the output weight is `W + scale * B A` (merged_weight)
+            model = lora_llama3_tiny(lora_rank=4, lora_alpha=8, apply_lora_to_output=True)
+            for name, p in model.named_parameters():
+                if "lora_b" in name:
+                    torch.nn.init.normal_(p, std=0.02)  # B = 0 at init would leave A without gradient
+            return model
+        return {"llama3_tiny": llama3_tiny, "qwen2_tiny": qwen2_tiny}[builder]()
+
+    ours, ref = build(), build()
+    tokens, labels = _decoder_case(ours)
+    loss = LinearCrossEntropyLoss(chunk_size=5)(ours.forward_hidden(tokens), ours.output_weight, labels)
+    loss.backward()
+    ref_loss = F.cross_entropy(ref(tokens).view(-1, 256), labels.view(-1), ignore_index=-100)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    checked = 0
+    for (name, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        checked += 1
+    assert checked > 0
