@@ -24,19 +24,32 @@ def _nf4_cls():
     return NF4Tensor
 
 
-def to_nf4(weight: torch.Tensor) -> torch.Tensor:
-    """Quantise a 2-D weight to torchao's NF4 (block 64, double-quantised scalers in blocks of 256).
+def nf4_block_sizes(numel: int) -> tuple[int, int]:
+    """`(block_size, scaler_block_size)` for an NF4 weight of `numel` elements.
 
-    Raises ValueError when `weight.numel()` is not a multiple of 64 * 256 (torchao's requirement).
+    Blocks of 64 weights share one absmax scaler (QLoRA's choice); the scalers are quantised again
+    in groups of 256, or of the largest power of two below 256 that divides their count (SmolLM2's
+    576-wide matrices need 64). Raises ValueError when numel is not a multiple of 64.
     """
+    if numel % NF4_BLOCK_SIZE:
+        raise ValueError(
+            f"NF4 needs a weight whose size is a multiple of {NF4_BLOCK_SIZE}, got {numel} elements; "
+            "set quantize_base=False"
+        )
+    n_scalers = numel // NF4_BLOCK_SIZE
+    scaler_block = NF4_SCALER_BLOCK_SIZE
+    while n_scalers % scaler_block:
+        scaler_block //= 2
+    return NF4_BLOCK_SIZE, scaler_block
+
+
+def to_nf4(weight: torch.Tensor) -> torch.Tensor:
+    """Quantise a 2-D weight to torchao's NF4 (blocks of 64, double-quantised scalers; see
+    `nf4_block_sizes`). Raises ValueError when the size is not a multiple of 64."""
     from torchao.quantization import to_nf4 as _to_nf4
 
-    if weight.numel() % (NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE):
-        raise ValueError(
-            f"NF4 needs a weight whose size is a multiple of {NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE}, "
-            f"got {tuple(weight.shape)}; set quantize_base=False for this layer"
-        )
-    return _to_nf4(weight.detach(), NF4_BLOCK_SIZE, NF4_SCALER_BLOCK_SIZE)
+    block, scaler_block = nf4_block_sizes(weight.numel())
+    return _to_nf4(weight.detach(), block, scaler_block)
 
 
 def is_nf4(t: torch.Tensor) -> bool:
