@@ -230,3 +230,59 @@ def test_progress_eta_and_downsampling_keep_what_matters():
     assert len(dx) <= 170 and max(dy) == 9.0 and dx[dy.index(9.0)] == 31_338
     assert dx == sorted(dx) and all(y == y for y in dy)
     assert downsample([1, 2], [3.0, 4.0], 160) == ([1.0, 2.0], [3.0, 4.0])
+
+
+async def test_toasts_for_new_nan_and_checkpoint_events(tunebench_home):
+    from engine.tracking import MetricLogger
+    from workbench.screens.live import LiveRunScreen
+
+    rid = make_finished_run("delta", "sft", [1.0, 0.9], "lr: 0.001\n")
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("live", run_id=rid))
+        live = await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen) and app.screen)
+        await wait_for(pilot, lambda: live._caught_up, what="history shown")
+        assert not [n for n in app._notifications if "checkpoint" in n.message], "no toasts for history"
+        log = MetricLogger(run_id=rid, echo=False, max_delay_s=0)
+        log.event(3, "nan", "loss is nan at step 3")
+        log.event(3, "checkpoint", "checkpoints/step_3")
+        log.close()
+        await wait_for(pilot, lambda: len(app._notifications) >= 2, what="toasts")
+        messages = [(n.severity, n.message) for n in app._notifications]
+        assert ("error", "loss is NaN: loss is nan at step 3") in messages
+        assert ("information", "checkpoint saved: checkpoints/step_3") in messages
+
+
+async def test_models_download_without_a_hub_is_one_clear_line(tunebench_home, monkeypatch):
+    from workbench.screens.confirm import TextPromptScreen
+    from workbench.screens.models import ModelsScreen
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        models = await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen)
+        await pilot.press("d")
+        prompt = await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen) and app.screen)
+        prompt.query_one("#text").value = "Qwen/Qwen3-0.6B"
+        await pilot.press("enter")
+        status = models.query_one("#models-status")
+        await wait_for(pilot, lambda: "cannot download" in str(status.render()), 60, "offline message")
+        text = str(status.render())
+        assert "Qwen/Qwen3-0.6B" in text and "TUNEBENCH_HOME/models" in text and "\n" not in text
+        assert not (tunebench_home / "models" / "Qwen--Qwen3-0.6B" / "config.json").exists()
+
+
+async def test_command_palette_offers_screens_and_themes(tunebench_home):
+    from workbench.screens.data import DataScreen
+
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        titles = {c.title: c for c in app.get_system_commands(app.screen)}
+        assert {"Go to runs", "Go to models", "Go to data", "Go to recipe", "Theme: ansi"} <= set(titles)
+        titles["Go to data"].callback()
+        await wait_for(pilot, lambda: isinstance(app.screen, DataScreen), what="data screen")
+        await pilot.pause(0.3)
+        titles["Theme: ansi"].callback()
+        await pilot.pause(0.1)
+        assert app.theme == "ansi-dark"

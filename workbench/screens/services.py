@@ -342,6 +342,8 @@ def estimate_config(cfg: dict[str, Any], nproc: int = 1, *, overhead: bool = Fal
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     if isinstance(source, dict):
         card: Any = source
+    elif all(node.get(k) for k in ("num_layers", "embed_dim", "vocab_size")):
+        card = card_with_overrides({}, node)  # a builder called with every size: no card needed
     else:
         found = model_card(source, node)
         if found is None:
