@@ -139,8 +139,11 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
     """
     with open_db() as db:
         run = get_run(run_id, db=db)
-        if run.status == "running":
-            raise UserError(f"run {run.name} is already running: stop it first (tunebench stop {run.name})")
+        live = run.supervisor_pid is not None and _alive(run.supervisor_pid, run.supervisor_started)
+        if run.status == "running" or (run.status == "queued" and live):
+            raise UserError(
+                f"run {run.name} is already {run.status}: stop it first (tunebench stop {run.name})"
+            )
         update_run(
             run.id, db=db, status="queued", stop_requested=False, exit_code=None, error=None, ended_at=None,
             pid=None, pgid=None, supervisor_pid=None, supervisor_started=None,
@@ -155,8 +158,13 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
     try:
         pid = int(proc.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
+        reason = (out / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:] or [
+            "no output"
+        ]
+        with open_db() as db:
+            update_run(run.id, db=db, status="failed", ended_at=time.time(), error=f"supervisor: {reason[0]}")
         raise UserError(
-            f"run {run.name}: the supervisor did not start; see {out / 'supervisor.log'}"
+            f"run {run.name}: the supervisor did not start ({reason[0]}); see {out / 'supervisor.log'}"
         ) from None
     with open_db() as db:
         update_run(run.id, db=db, supervisor_pid=pid, supervisor_started=_create_time(pid))

@@ -176,6 +176,8 @@ def test_two_ranks_log_per_rank_memory_and_both_stop_on_sigterm(lsq):
     run = _start(lsq(steps=400, checkpoint_every=1000, step_delay_s=0.05), nproc=2, name="two")
     _wait_step(run.id, 5)
     assert len(launcher.run_workers(run.id)) == 3  # torchrun + 2 workers
+    with pytest.raises(UserError, match="already running"):
+        launcher.launch(run.id)
     done = launcher.stop(run.id, grace_s=60)
     assert (done.status, done.exit_code, done.nproc) == ("stopped", 0, 2)  # ranks checkpointed, exited 0
     assert launcher.run_workers(run.id) == []
