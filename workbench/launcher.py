@@ -347,7 +347,7 @@ def reconcile_lost() -> list[str]:
                 continue
             if _alive(run.supervisor_pid, run.supervisor_started):
                 continue
-            if run.pgid is not None and _group_alive(run.pgid):
+            if run.pgid is not None and _group_alive(run.pgid) and not _reused(run.pgid, run.started_at):
                 continue
             if run_workers(run.id):  # torchrun starts each worker in a session of its own
                 continue
@@ -420,6 +420,17 @@ def _alive(pid: int, started: float | None) -> bool:
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         return started is None or abs(proc.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def _reused(pid: int, started_at: float | None) -> bool:
+    """True when `pid` now names a process younger than the run's start (the id was reused, e.g.
+    after a reboot); a group whose leader is gone is not judged here."""
+    import psutil
+
+    try:
+        return started_at is not None and psutil.Process(pid).create_time() > started_at + 5
     except psutil.Error:
         return False
 

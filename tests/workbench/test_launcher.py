@@ -194,3 +194,27 @@ def test_two_ranks_log_per_rank_memory_and_both_stop_on_sigterm(lsq):
     assert ranks == {0, 1} and loss_ranks == {0}
     n = launcher.latest_checkpoint_step(done.output_dir)
     assert n is not None and 5 <= n < 400
+
+
+def test_reconcile_ignores_reused_pids_and_other_hosts(tunebench_home):
+    import subprocess as sp
+    import sys
+
+    from engine.tracking.runs import create_run as register
+    from engine.tracking.runs import update_run
+
+    # a process started after the run "started": its pid/pgid is a reused id, not the run's
+    other = sp.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        with open_db() as db:
+            here = register(db=db, recipe="lsq", config_text="", name="rebooted")
+            update_run(here.id, db=db, status="running", started_at=time.time() - 3600, pid=other.pid,
+                       pgid=other.pid, supervisor_pid=other.pid, supervisor_started=time.time() - 3600)  # fmt: skip
+            away = register(db=db, recipe="lsq", config_text="", name="elsewhere")
+            update_run(away.id, db=db, status="running", host="another-host", supervisor_pid=1, pgid=1)
+        assert launcher.reconcile_lost() == [here.id]
+        with open_db() as db:
+            assert readers.get_run("elsewhere", db=db).status == "running"  # not ours to judge
+    finally:
+        other.kill()
+        other.wait()
