@@ -176,16 +176,18 @@ def test_models_lists_presets_and_local_folders(tiny_dir, capsys, tunebench_home
 
 
 @pytest.mark.slow
-def test_generate_demo_answers_paris(capsys, tunebench_home):
+@pytest.mark.parametrize("model", ["demo", "GGUF_FILE"])
+def test_generate_demo_answers_paris(capsys, tunebench_home, model):
     from engine.config import ConfigError
     from engine.models.demo import demo_gguf_path
 
     try:
-        demo_gguf_path()
+        gguf = demo_gguf_path()
     except ConfigError as exc:
         pytest.skip(str(exc))
+    model = str(gguf) if model == "GGUF_FILE" else model  # a .gguf path is converted once, like the demo
     assert (
-        main(["generate", "demo", "What is the capital of France?", "--chat", "--max-new-tokens", "24"]) == 0
+        main(["generate", model, "What is the capital of France?", "--chat", "--max-new-tokens", "24"]) == 0
     )
     assert "Paris" in capsys.readouterr().out
 

@@ -1,8 +1,8 @@
 """`tunebench generate MODEL "prompt" [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]`:
 continue a prompt with a model, using the KV-cached generation that GRPO rollouts use.
 
-MODEL is a Hugging Face folder (`config.json` + safetensors + tokenizer), `demo` (SmolLM2-135M-Instruct,
-converted offline on first use), a run's checkpoint folder (`runs/<id>/checkpoints/step_<N>`), a run id
+MODEL is a Hugging Face folder (`config.json` + safetensors + tokenizer), a llama `.gguf` file
+(converted once into `TUNEBENCH_HOME/models/`), `demo` (SmolLM2-135M-Instruct, converted offline on first use), a run's checkpoint folder (`runs/<id>/checkpoints/step_<N>`), a run id
 or a run folder (its latest checkpoint), or a local model name from `tunebench models`.
 `--chat` wraps the prompt in the model's chat template as a user message (with `--system TEXT`).
 The completion goes to stdout; token counts and speed to stderr.
@@ -85,6 +85,18 @@ def _latest_step(folder: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
+def _converted_gguf(path: Path) -> Path:
+    """The HF folder converted from GGUF `path` under `TUNEBENCH_HOME/models/<file stem>` (converted once)."""
+    from engine.checkpoint.gguf import convert_gguf_to_hf
+    from engine.tracking.paths import tunebench_home
+
+    target = tunebench_home() / "models" / path.stem
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    print(f"converting {path} to {target} (once)", file=sys.stderr)
+    return convert_gguf_to_hf(path, target, overwrite=target.exists())
+
+
 def resolve_model(spec: str) -> Path:
     """The HF-format folder MODEL names. Raises `UserError` saying what was looked for."""
     if spec == "demo":
@@ -101,9 +113,11 @@ def resolve_model(spec: str) -> Path:
         raise UserError(
             f"{path}: no config.json and no checkpoints/step_<N>/ with one; point MODEL at a model folder"
         )
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted_gguf(path)
     if path.exists():
         raise UserError(
-            f"{path}: is a file; MODEL must be a model folder (config.json + weights), `demo` or a run id"
+            f"{path}: is a file; MODEL must be a model folder (config.json + weights), a .gguf, `demo` or a run id"
         )
     from engine.tracking.paths import run_dir
 
