@@ -1,0 +1,378 @@
+"""Direct preference optimisation (DPO / IPO / hinge): full or LoRA, one process or many (FSDP2).
+
+    python -m engine.recipes.dpo --config configs/demo/smollm2_135m_lora_dpo.yaml
+    torchrun --nproc_per_node 2 -m engine.recipes.dpo --config configs/qwen2_5/0.5B_lora_dpo.yaml
+
+Each micro-batch runs chosen and rejected responses through the policy in ONE forward (`[2B,S]`,
+rows 0..B-1 chosen), sums their response-token log-probs, does the same under the reference without
+gradients, and applies `loss` (engine.modules.loss.DPOLoss). The reference is a frozen copy of the
+starting model (full fine-tuning) or the policy with its adapters disabled (LoRA: no second copy).
+
+Logged per step: `loss`, `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy`
+(fraction of pairs whose chosen reward exceeds the rejected one), `logps/chosen`, `logps/rejected`,
+`lr`, `grad_norm`, `tokens_per_sec`, memory. Exit codes as in SFT: 0 done or stopped by SIGTERM
+(checkpoint first), 1 NaN loss, 2 bad config (one line).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.config import ConfigError, instantiate, load_config
+from engine.recipes._common import (
+    EpochBatchSampler,
+    StopFlag,
+    parse_dtype,
+    parse_recipe_args,
+    pick_device,
+    set_seed,
+)
+from engine.rl.logprobs import token_logprobs
+from engine.rl.policy import all_reduce_sum, build_model, rank_world, reference_context
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
+    "seed": "seed for new parameters (adapters) and data order",
+    "device": "cpu, cuda or auto",
+    "dtype": "fp32 or bf16",
+    "checkpoint_dir": "Hugging Face model folder of the starting policy (and reference), 'demo', or null (random)",
+    "model": "_component_ model builder; lora_* trains adapters and uses the adapter-free base as reference",
+    "tokenizer": "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)",
+    "dataset": "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
+    "batch_size": "preference pairs per micro-batch on each rank",
+    "gradient_accumulation_steps": "micro-batches per optimizer step",
+    "epochs": "passes over the pairs",
+    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
+    "optimizer": "_component_ optimizer; DPO wants small LRs (5e-7 full, 5e-6..5e-5 LoRA on real models)",
+    "lr_scheduler": "_component_ schedule (num_training_steps is filled in), or null",
+    "clip_grad_norm": "max global gradient norm (null: none)",
+    "loss": "_component_ engine.modules.loss.DPOLoss {beta, label_smoothing, loss_type: sigmoid|ipo|hinge}",
+    "enable_activation_checkpointing": "recompute policy blocks in backward (less memory, ~30% slower)",
+    "compile": "torch.compile each block",
+    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs",
+    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
+    "shuffle": "shuffle pairs each epoch (seeded)",
+    "allowed_components": "extra module prefixes allowed in _component_",
+}
+
+
+class LossIsNaN(RuntimeError):
+    """The step's loss is not finite."""
+
+
+class DPORecipe:
+    """Preference optimisation, one class: `setup()`, `train()`, `save_checkpoint()`, `cleanup()`.
+
+    Args:
+        cfg (dict): resolved config. dist_info: from `engine.training.init_distributed()`, or None.
+    Raises:
+        ConfigError: a config value that cannot work, naming the field.
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.dist_info = dist_info
+        self.rank, self.world_size = rank_world()
+        self.device = pick_device(cfg.get("device"))
+        if dist_info is not None and self.device.type == "cuda":
+            self.device = dist_info.device
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/dpo")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
+                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
+            if value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.save_every = cfg.get("save_every_n_steps")
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.tokens_total = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.history: list[dict[str, float]] = []  # rank 0's step metrics of this process (tests)
+
+    # ------------------------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        cfg = self.cfg
+        common = {"dtype": self.dtype, "seed": self.seed, "device": self.device, "dist_info": self.dist_info,
+                  "compile": bool(cfg.get("compile", False)), "fsdp_cfg": cfg.get("fsdp")}  # fmt: skip
+        self.model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg.get("checkpoint_dir"), trainable=True,
+            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+        )  # fmt: skip
+        self.reference = None
+        if not self.is_lora:  # full fine-tuning: a frozen copy of the starting weights
+            self.reference, _, _ = build_model(
+                cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
+            )
+        self.tokenizer = self._setup_tokenizer()
+        self._setup_data()
+        self.optimizer, self.lr_scheduler = self._setup_optimizer()
+        node = cfg.get("loss") or {"_component_": "engine.modules.loss.DPOLoss"}
+        self.loss_fn = instantiate(node)
+        self._maybe_resume()
+        self.stop.install()
+
+    def _setup_tokenizer(self):
+        from engine.recipes._common import resolve_model_dir
+
+        node = self.cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError(
+                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+            )
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            return instantiate(node, path=str(resolve_model_dir("demo")))
+        return instantiate(node)
+
+    def _setup_data(self) -> None:
+        from engine.data import build_dataset
+        from engine.data.collate import padded_collate_dpo
+
+        dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
+        if len(dataset) and "chosen_tokens" not in dataset[0]:
+            raise ConfigError(
+                "dataset: DPO needs preference pairs (chosen/rejected) — use preference_dataset, "
+                "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
+                field="dataset",
+            )
+        self.sampler = EpochBatchSampler(
+            len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
+            seed=self.seed, shuffle=bool(self.cfg.get("shuffle", True)),
+        )  # fmt: skip
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            collate_fn=partial(padded_collate_dpo, pad_id=self.tokenizer.pad_id),
+        )
+        per_epoch = len(self.sampler) // self.accum
+        if per_epoch < 1:
+            raise ConfigError(
+                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
+                field="gradient_accumulation_steps",
+            )
+        if self.cfg.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        self.steps_per_epoch = per_epoch
+        self.total_steps = per_epoch * self.epochs
+
+    def _setup_optimizer(self):
+        if "optimizer" not in self.cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 5e-6}", field="optimizer"
+            )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = instantiate(self.cfg["optimizer"], params)
+        scheduler = None
+        if self.cfg.get("lr_scheduler") is not None:
+            scheduler = instantiate(self.cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
+        return optimizer, scheduler
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.get("resume", False)
+        if resume in (False, None, "false"):
+            return
+        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
+        if path is None:
+            return
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.tokens_total = int(state.get("tokens_total", 0))
+        if os.environ.get("TUNEBENCH_RUN_ID") and self.rank == 0:
+            from engine.tracking import truncate_metrics_after
+
+            truncate_metrics_after(os.environ["TUNEBENCH_RUN_ID"], self.global_step)
+        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
+
+    # ------------------------------------------------------------------------------------ training
+    def _sequence_logps(self, model, batch: dict) -> torch.Tensor:
+        """Summed response log-probs `[2B]` (chosen rows first) of one micro-batch."""
+        tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])  # [2B,S]
+        labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])  # [2B,S], shifted
+        positions = torch.cat([batch["chosen_position_ids"], batch["rejected_position_ids"]])
+        return token_logprobs(model, tokens, labels, position_ids=positions).sum(dim=1)
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        self.model.train()
+        reset_peak_memory(self.device)
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            step_in_epoch = self.batches_in_epoch // self.accum
+            # [loss sum, pairs, chosen reward sum, rejected reward sum, correct, chosen logps, rejected logps, tokens]
+            stats = torch.zeros(8, dtype=torch.float64, device=self.device)
+            t0 = time.perf_counter()
+            for batch in self.loader:
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+                B = batch["chosen_tokens"].shape[0]
+                logps = self._sequence_logps(self.model, batch)  # [2B]
+                ref_model, ctx = reference_context(self.model, self.reference)
+                with torch.no_grad(), ctx:
+                    ref_logps = self._sequence_logps(ref_model, batch)
+                losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:])
+                (losses.sum() / (B * self.accum)).backward()  # pairs are equal in number per micro-batch
+                stats += torch.stack([
+                    losses.detach().sum(), torch.tensor(float(B)), r_c.sum(), r_r.sum(), (r_c > r_r).sum(),
+                    logps[:B].detach().sum(), logps[B:].detach().sum(),
+                    (batch["chosen_labels"] != -100).sum() + (batch["rejected_labels"] != -100).sum(),
+                ]).double()  # fmt: skip
+                self.batches_in_epoch += 1
+                if self.batches_in_epoch % self.accum:
+                    continue
+                # ---- one optimizer step ---------------------------------------------------------
+                all_reduce_sum(stats)
+                t = stats.tolist()
+                n = max(t[1], 1.0)
+                step_loss = t[0] / n
+                if not math.isfinite(step_loss):
+                    raise LossIsNaN(
+                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
+                    )
+                grad_norm = clip_grad_norm(
+                    self.model.parameters(),
+                    float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
+                )
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.global_step += 1
+                step_in_epoch += 1
+                self.tokens_total += int(t[7])
+                metrics = {
+                    "loss": step_loss,
+                    "rewards/chosen": t[2] / n,
+                    "rewards/rejected": t[3] / n,
+                    "rewards/margin": (t[2] - t[3]) / n,
+                    "rewards/accuracy": t[4] / n,
+                    "logps/chosen": t[5] / n,
+                    "logps/rejected": t[6] / n,
+                    "lr": float(lr),
+                    "grad_norm": float(
+                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                    ),
+                    "tokens_per_sec": t[7] / max(time.perf_counter() - t0, 1e-9),
+                    "tokens_total": self.tokens_total,
+                    "epoch": self.epoch,
+                }
+                memory = memory_stats(self.device)
+                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                self.history.append(metrics)
+                log.set_progress(self.global_step, self.total_steps)
+                stats.zero_()
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                stop = self._stop_requested()
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+                t0 = time.perf_counter()
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self._stop_requested():
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        return 0
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
+        return bool(all_reduce_sum(flag).item() > 0)
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoints/step_<N>/`: PEFT adapters or an HF folder + optimizer + recipe state."""
+        from engine.rl.export import write_policy
+
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "tokens_total": self.tokens_total,
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
+            keep_last=self.keep_last,
+            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+                                model_dir=self.model_dir, dtype=self.dtype),
+        )  # fmt: skip
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def check_config(cfg: dict, recipe: str = "dpo") -> None:
+    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
+    from engine.config import validate
+
+    problems = validate(cfg, recipe=recipe)
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
+            if len(problems) > 1
+            else ""
+        )
+        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+
+
+def recipe_main(argv: list[str] | None = None) -> int:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code."""
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.dpo")
+    code, recipe = 0, None
+    try:
+        cfg = load_config(config_path, overrides)
+        check_config(cfg)
+        recipe = DPORecipe(cfg, dist_info=init_distributed())
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"dpo: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    recipe_main()
