@@ -67,6 +67,9 @@ class LiveRunScreen(Screen):
     LiveRunScreen #plots.-with-recipe {
         grid-size: 3;
     }
+    LiveRunScreen.-short LogTail {
+        height: 4;
+    }
     LiveRunScreen #run-title {
         height: 1;
         padding: 0 1;
@@ -98,6 +101,10 @@ class LiveRunScreen(Screen):
                 yield MetricPlot(title, id=f"plot-{pid}")
         yield LogTail()
         yield Footer()
+
+    def on_resize(self) -> None:
+        # 80x24 and other short terminals: a shorter log leaves the plots room for their curves.
+        self.set_class(self.size.height < 34, "-short")
 
     def on_mount(self) -> None:
         self.poll()

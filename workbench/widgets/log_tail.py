@@ -32,7 +32,7 @@ class LogTail(Log):
 
     DEFAULT_CSS = """
     LogTail {
-        height: 8;
+        height: 7;
         border: round $panel;
     }
     """

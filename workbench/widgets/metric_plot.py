@@ -33,7 +33,7 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int) -> tup
     if len(tail):
         start = buckets * k
         picks = np.concatenate([picks, np.sort([start + int(tail.argmin()), start + int(tail.argmax())])])
-    picks = picks[np.concatenate([[True], picks[1:] != picks[:-1]])]  # flat buckets: min == max
+    picks = np.unique(np.concatenate([[0], picks, [n - 1]]))  # first and last points always drawn
     return x[picks].tolist(), y[picks].tolist()
 
 
@@ -57,6 +57,7 @@ class MetricPlot(PlotextPlot):
         self.title = title
         self.y_label = y_label
         self.border_title = title
+        self.border_subtitle = "by step"
         self._series: dict[str, tuple[Sequence[float], Sequence[float]]] = {}
         self._cache: dict[str, tuple[list[float], list[float]]] = {}
         self._cache_width = -1
@@ -101,5 +102,4 @@ class MetricPlot(PlotextPlot):
                 drawn = True
         if not drawn:
             plt.title(f"{self.title}: no data yet")
-        plt.xlabel("step")
         self.refresh()
