@@ -46,6 +46,9 @@ def test_run_follow_export_rerun_reproduces_and_compare(cfg, capsys, tmp_path):
     assert shown["metrics"]["mem_peak_gb"]["per_rank"]["0"]["steps"][-1] == 25
     assert "lr: 0.04" in shown["config"] and shown["eval_results"] == []
     assert [e["kind"] for e in shown["events"]][-1] == "end"
+    thin = _json(capsys, ["show", "first", "--json", "--points", "5"])
+    for steps in (thin["metrics"]["loss"]["steps"], thin["metrics"]["mem_peak_gb"]["per_rank"]["0"]["steps"]):
+        assert len(steps) == 5 and steps[0] == 1 and steps[-1] == 25 and steps == sorted(set(steps))
 
     out = tmp_path / "first.yaml"
     assert main(["export", "first", "-o", str(out)]) == 0

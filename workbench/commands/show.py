@@ -14,11 +14,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN", help="run id, name, or unique id prefix")
     p.add_argument("--json", action="store_true", help="everything as one JSON object (NaN/inf as strings)")
     p.add_argument("--follow", "-f", action="store_true", help="re-attach: show progress until the run ends")
+    p.add_argument("--points", type=int, help="thin each metric series to at most N points (default: all)")
     p.set_defaults(func=run)
 
 
-def collect(run_ref: str) -> dict:
-    """Everything `show --json` prints for one run."""
+def collect(run_ref: str, *, points: int | None = None) -> dict:
+    """Everything `show --json` prints for one run (series thinned to `points` when given)."""
     from engine.tracking.db import open_db
     from engine.tracking.readers import (
         eval_results,
@@ -34,15 +35,17 @@ def collect(run_ref: str) -> dict:
         summary = summarize(rec, db=db).to_dict()
         metrics = {}
         for name in metric_names(rec.id, db=db):
-            pts = metric_series(rec.id, name, db=db, rank=None if name.startswith("mem_") else 0)
-            if name.startswith("mem_"):
-                per_rank: dict[str, dict[str, list]] = {}
-                for row in metric_series_rows(rec.id, name, db):
-                    d = per_rank.setdefault(str(row[2]), {"steps": [], "values": []})
-                    d["steps"].append(row[0])
-                    d["values"].append(row[1])
+            ranks = [r for (r,) in db.execute(
+                "SELECT DISTINCT rank FROM metrics WHERE run_id = ? AND name = ? ORDER BY rank", (rec.id, name)
+            )]  # fmt: skip
+            if name.startswith("mem_") or ranks != [0]:  # per-rank figures: one series per rank
+                per_rank = {}
+                for r in ranks:
+                    pts = metric_series(rec.id, name, db=db, rank=r, max_points=points)
+                    per_rank[str(r)] = {"steps": [s for s, _ in pts], "values": [v for _, v in pts]}
                 metrics[name] = {"per_rank": per_rank}
             else:
+                pts = metric_series(rec.id, name, db=db, rank=0, max_points=points)
                 metrics[name] = {"steps": [s for s, _ in pts], "values": [v for _, v in pts]}
         return {
             "run": summary,
@@ -51,16 +54,6 @@ def collect(run_ref: str) -> dict:
             "events": [e.__dict__ for e in events_since(rec.id, db=db)],
             "eval_results": [e.__dict__ for e in eval_results(rec.id, db=db)],
         }
-
-
-def metric_series_rows(run_id: str, name: str, db) -> list[tuple[int, float, int]]:
-    from engine.tracking.db import from_db_float
-
-    rows = db.execute(
-        "SELECT step, value, rank FROM metrics WHERE run_id = ? AND name = ? ORDER BY rank, step, id",
-        (run_id, name),
-    )
-    return [(s, from_db_float(v), r) for s, v, r in rows]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
         with open_db(create=False) as db:
             rec = get_run(args.run, db=db)
         return follow(rec.id, stream=sys.stderr)
-    data = collect(args.run)
+    if args.points is not None and args.points < 2:
+        from workbench.errors import UserError
+
+        raise UserError(f"--points {args.points}: use 2 or more")
+    data = collect(args.run, points=args.points)
     if args.json:
         emit(json.dumps(json_safe(data), indent=2))
         return 0
