@@ -12,7 +12,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -204,15 +204,16 @@ def load_hf_weights(
 
 
 # ---- saving ----------------------------------------------------------------------------------
-def _hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    from engine.modules.peft.utils import merged_state_dict
+def _hf_tensor_getters(model: nn.Module) -> dict[str, Callable[[], torch.Tensor]]:
+    """HF key -> function returning the (adapter-merged, dequantised) tensor, computed on demand."""
+    from engine.modules.peft.utils import merged_tensor_getters
 
-    out: dict[str, torch.Tensor] = {}
-    for key, value in merged_state_dict(model).items():
+    out: dict[str, Callable[[], torch.Tensor]] = {}
+    for key, getter in merged_tensor_getters(model).items():
         hf_key = native_to_hf(key)
         if hf_key is None:
             raise CheckpointError(f"model parameter {key} has no Hugging Face name; it cannot be exported")
-        out[hf_key] = value
+        out[hf_key] = getter
     if getattr(model, "tied", False):
         out.setdefault("lm_head.weight", out["model.embed_tokens.weight"])
     return out
@@ -221,8 +222,16 @@ def _hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def _write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
-    # Each tensor gets its own contiguous storage (tied weights would otherwise share one).
-    owned = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    # safetensors refuses tensors that share storage (tied weights, views): copy only those.
+    owned: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, value in tensors.items():
+        t = value.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() != t.numel() * t.element_size():
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        owned[key] = t
     save_file(owned, str(path), metadata=metadata)
 
 
@@ -251,15 +260,16 @@ def save_pretrained(
     Raises CheckpointError when the model and `like` have different keys or shapes.
     """
     out_dir = Path(out_dir)
-    state = _hf_state_dict(model)
+    getters = _hf_tensor_getters(model)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         if like is not None:
-            _save_like(state, staging, Path(like))
+            _save_like(getters, staging, Path(like))
         else:
             from engine.models.hf_config import hf_config_from_model
 
+            state = {k: get() for k, get in getters.items()}
             target = dtype or next(iter(state.values())).dtype
             config = hf_config_from_model(model, dtype=target)
             loaded = getattr(model, "hf_config", None)
@@ -283,7 +293,7 @@ def save_pretrained(
     return out_dir
 
 
-def _save_like(state: dict[str, torch.Tensor], staging: Path, like: Path) -> None:
+def _save_like(state: dict[str, Callable[[], torch.Tensor]], staging: Path, like: Path) -> None:
     layout = weight_files(like)
     source_keys = {k for keys in layout.values() for k in keys if not is_ignored_hf_key(k)}
     extra = sorted(set(state) - source_keys - {"lm_head.weight"})
@@ -304,7 +314,7 @@ def _save_like(state: dict[str, torch.Tensor], staging: Path, like: Path) -> Non
             if is_ignored_hf_key(key):
                 continue
             info = entries[key]
-            tensor = state[key]
+            tensor = state[key]()  # merged/dequantised now, one shard at a time
             if list(tensor.shape) != list(info["shape"]):
                 raise CheckpointError(
                     f"{like / file_name}: key {key} has shape {tuple(info['shape'])} but the model's is "

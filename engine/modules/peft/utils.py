@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -53,30 +54,46 @@ def disable_adapters(model: nn.Module) -> Iterator[None]:
             m.disabled = state
 
 
-@torch.no_grad()
-def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The model's state dict with every adapter merged into its base weight and adapter keys
-    dropped: the same keys (and shapes) as the model built without LoRA. NF4 bases are
-    dequantised. `dtype` casts floating tensors (default: keep)."""
-    merged: dict[str, torch.Tensor] = {}
+def merged_tensor_getters(model: nn.Module) -> dict[str, Callable[[], torch.Tensor]]:
+    """Like `merged_state_dict`, but each value is a zero-argument function computing the tensor,
+    so a writer can merge one shard at a time instead of holding a merged copy of the model."""
+    getters: dict[str, Callable[[], torch.Tensor]] = {}
     lora_modules = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    for key, value in model.state_dict().items():
+    for key, value in model.state_dict(keep_vars=True).items():
         module_name, _, local = key.rpartition(".")
         owner = lora_modules.get(module_name)
         if owner is None:
             parent, _, child = module_name.rpartition(".")
             if parent in lora_modules and child in ("lora_a", "lora_b"):
-                continue  # adapter factors are folded into the base weight below
-            merged[key] = value
-            continue
-        if local == "magnitude":
-            continue
-        if local == "weight":
-            was_disabled = owner.disabled
-            owner.disabled = False
-            value = owner.merged_weight()
-            owner.disabled = was_disabled
-        merged[key] = dequantize(value)
+                continue  # adapter factors are folded into the base weight
+            getters[key] = functools.partial(_detached, value)
+        elif local == "weight":
+            getters[key] = functools.partial(_merged_weight, owner)
+        elif local != "magnitude":
+            getters[key] = functools.partial(_detached, value)
+    return getters
+
+
+def _detached(value: torch.Tensor) -> torch.Tensor:
+    return dequantize(value.detach())
+
+
+@torch.no_grad()
+def _merged_weight(layer: LoRALinear) -> torch.Tensor:
+    was_disabled = layer.disabled
+    layer.disabled = False
+    try:
+        return dequantize(layer.merged_weight())
+    finally:
+        layer.disabled = was_disabled
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict with every adapter merged into its base weight and adapter keys
+    dropped: the same keys (and shapes) as the model built without LoRA. NF4 bases are
+    dequantised. `dtype` casts floating tensors (default: keep)."""
+    merged = {key: get() for key, get in merged_tensor_getters(model).items()}
     if dtype is not None:
         merged = {k: v.to(dtype) if v.is_floating_point() else v for k, v in merged.items()}
     return merged
