@@ -18,6 +18,7 @@ Exit codes: 0 finished or stopped by SIGTERM (a checkpoint is written first), 1 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -209,13 +210,17 @@ class SFTRecipe:
             del full
         else:
             model.to(device=self.device)
-        self.activation_offloading = bool(cfg.get("enable_activation_offloading", False))
-        if self.activation_offloading and self.device.type != "cuda":
-            raise ConfigError(
-                "enable_activation_offloading: needs a CUDA device (it moves activations to host memory) "
-                "— set it to false on CPU",
-                field="enable_activation_offloading",
-            )
+        self.offload = contextlib.nullcontext()
+        if cfg.get("enable_activation_offloading", False):
+            from engine.training import ActivationOffloading
+
+            if self.device.type != "cuda":
+                raise ConfigError(
+                    "enable_activation_offloading: needs a CUDA device (it moves activations to host memory) "
+                    "— set it to false on CPU",
+                    field="enable_activation_offloading",
+                )
+            self.offload = ActivationOffloading(model)
         return model
 
     def _build_initialised_model(self) -> nn.Module:
@@ -243,6 +248,8 @@ class SFTRecipe:
             raise ConfigError(
                 "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
             )
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            return instantiate(node, path=str(resolve_model_dir("demo")))  # the embedded model's tokenizer
         return instantiate(node)
 
     def _setup_data(self) -> None:
@@ -361,10 +368,11 @@ class SFTRecipe:
                 hidden = model.forward_hidden(tokens, **kw)  # [B,S,D]
                 return loss_fn(hidden, model.output_weight, labels, return_per_token=want_per_token)
 
-            with forward_replaced(model, hidden_then_loss):
+            with forward_replaced(model, hidden_then_loss), self.offload:
                 out = model(batch["tokens"], **kwargs)
             return out if want_per_token else (out, None)
-        logits = self.model(batch["tokens"], **kwargs)  # [B,S,V]
+        with self.offload:
+            logits = self.model(batch["tokens"], **kwargs)  # [B,S,V]
         per_token = self.loss_fn(logits, labels)  # [B,S] fp32, 0 where ignored
         return per_token.sum(), per_token.detach()
 
