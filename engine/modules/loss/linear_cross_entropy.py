@@ -40,12 +40,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
             h = hidden[start:end]  # [n, D]
             t = targets[start:end]  # [n]
             logits = (h @ weight.t()).float()  # [n, V] fp32
-            lse = torch.logsumexp(logits, dim=-1)  # [n]
             rows = torch.arange(end - start, device=hidden.device)
-            per_token[start:end] = lse - logits[rows, t]
+            target_logit = logits[rows, t]  # [n], read before the block is overwritten
+            # log-sum-exp done in place (no second [n, V] buffer): the block becomes exp(logits - max)
+            row_max = logits.amax(dim=-1, keepdim=True)  # [n, 1]
+            exps = logits.sub_(row_max).exp_()  # [n, V]
+            sum_exp = exps.sum(dim=-1, keepdim=True)  # [n, 1]
+            per_token[start:end] = (row_max + sum_exp.log()).squeeze(1) - target_logit
             if need_grad:
-                # logits -> softmax - one_hot, in place: [n, V] = d(sum of losses) / d logits
-                probs = logits.sub_(lse.unsqueeze(1)).exp_()
+                # -> softmax - one_hot, in place: [n, V] = d(sum of losses) / d logits
+                probs = exps.div_(sum_exp)
                 probs[rows, t] -= 1.0
                 d_logits = probs.to(hidden.dtype)  # [n, V]
                 grad_hidden[start:end] = d_logits @ weight  # [n, D]
@@ -53,7 +57,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                     grad_weight.addmm_(d_logits.t(), h)  # [V, D] += [V, n] @ [n, D]
                 else:
                     grad_weight.add_(d_logits.t() @ h)
-            del logits
+            del logits, exps
         if need_grad:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
