@@ -286,3 +286,29 @@ async def test_command_palette_offers_screens_and_themes(tunebench_home):
         titles["Theme: ansi"].callback()
         await pilot.pause(0.1)
         assert app.theme == "ansi-dark"
+
+
+async def test_recipe_switches_configs_and_keeps_the_form_in_sync(tunebench_home, tmp_path, monkeypatch):
+    """Loading one config after another rebuilds the knobs (no duplicate widgets) and edits apply."""
+    from workbench.screens.recipe import RecipeScreen
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.yaml").write_text("# tunebench run sft --config a.yaml\nbatch_size: 8\nepochs: 1\n")
+    (tmp_path / "b.yaml").write_text("# tunebench run sft --config b.yaml\nbatch_size: 2\ncompile: false\n")
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="a.yaml"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: screen.base.get("batch_size") == 8, what="a.yaml")
+        for name, batch in (("b.yaml", 2), ("a.yaml", 8), ("b.yaml", 2)):
+            await pilot.press("ctrl+o")
+            box = screen.query_one("#config-path")
+            box.value = name
+            await pilot.press("enter")
+            await wait_for(pilot, lambda b=batch: screen.base.get("batch_size") == b, what=name)
+            await pilot.pause(0.3)
+        keys = sorted(screen.knob_keys.values())
+        assert keys == ["batch_size", "compile"], keys
+        check = next(w for w in screen.query("#knobs Checkbox") if screen.knob_keys.get(w.id) == "compile")
+        check.value = True
+        await wait_for(pilot, lambda: "compile: true" in screen.yaml_text, what="compile on")

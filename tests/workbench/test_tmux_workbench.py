@@ -80,14 +80,23 @@ def test_launch_demo_quit_reopen_still_running(tunebench_home, tmp_path):
         tmux.wait(r"demo/smollm2_135m_lora", 10)
         # ... here made lighter (shorter sequences, smaller batches: a shared 2-core CPU) and loaded
         # through the "config file" box (ctrl+o).
-        demo = (REPO / "configs" / "demo" / "smollm2_135m_lora.yaml").read_text()
-        light = demo.replace("n: 3000", "n: 400").replace("max_seq_len: 256", "max_seq_len: 96")
-        light = light.replace("batch_size: 8", "batch_size: 2").replace(
-            "every_n_steps: 20", "every_n_steps: 1000"
+        from engine.config import dump_config, parse_yaml
+
+        demo = parse_yaml((REPO / "configs" / "demo" / "smollm2_135m_lora.yaml").read_text())
+        demo["dataset"].update(n=400, max_seq_len=96)
+        demo["batch_size"] = 2
+        demo.setdefault("validation", {})["every_n_steps"] = 1000
+        (tmp_path / "demo_light.yaml").write_text(
+            dump_config(demo, header="tunebench run sft --config demo_light.yaml")
         )
-        (tmp_path / "demo_light.yaml").write_text(light)
+        # Type only once the first memory estimate is shown: keys sent to a real terminal while the
+        # estimate worker first builds the model cards (seconds of CPU) were seen to get lost.
+        tmux.wait(r"total\s+[\d.]+ GiB", 300)
         tmux.keys("C-o")
-        tmux.keys("demo_light.yaml", "Enter")
+        time.sleep(1)
+        tmux.keys("demo_light.yaml")
+        tmux.wait(r"│demo_light\.yaml", 30)
+        tmux.keys("Enter")
         tmux.wait(r"batch size\s+2", 30)
         tmux.keys("F9")
         tmux.wait(r"Live run", 120)

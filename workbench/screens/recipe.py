@@ -93,6 +93,7 @@ class RecipeScreen(Screen):
         self.recipe: str | None = None
         self.overrides: dict[str, str] = {}
         self.knob_keys: dict[str, str] = {}  # widget id -> config key
+        self._knob_generation = 0
         self.parent_peak_gb: float | None = None
         self.device: tuple[str, float | None] = ("unknown", None)
         self.yaml_text = ""
@@ -223,14 +224,15 @@ class RecipeScreen(Screen):
 
     def _build_knobs(self) -> None:
         box = self.query_one("#knobs", Vertical)
-        box.remove_children()
+        box.remove_children()  # removal completes later: the new widgets get fresh ids
         self.knob_keys.clear()
+        self._knob_generation += 1
         widgets = []
         for i, knob in enumerate(KNOBS):
             key = knob_key(knob, self.base)
             if key is None:
                 continue
-            wid = f"knob-{i}"
+            wid = f"knob-{self._knob_generation}-{i}"
             self.knob_keys[wid] = key
             value = get_path(self.base, key)
             if knob.kind == "bool":
@@ -246,7 +248,7 @@ class RecipeScreen(Screen):
 
     # Editing --------------------------------------------------------------------------------
     def _kind(self, wid: str) -> str:
-        return KNOBS[int(wid.split("-")[1])].kind
+        return KNOBS[int(wid.rsplit("-", 1)[1])].kind
 
     @on(Input.Changed, "#knobs Input")
     def _knob_input(self, event: Input.Changed) -> None:
