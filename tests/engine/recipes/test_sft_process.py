@@ -152,3 +152,48 @@ def test_fsdp2_two_ranks_equal_one_rank(shared_assets, tmp_path, tunebench_home)
     got, expected = _final_weights(tmp_path / "two", 4), _final_weights(tmp_path / "one", 4)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def _tunebench(args, env, timeout=400):
+    return _run([sys.executable, "-m", "workbench.cli", *args], env, timeout=timeout)
+
+
+@pytest.mark.slow  # two launcher round trips (supervisor + torchrun): ~1-2 minutes on this machine
+def test_exported_yaml_run_headless_reproduces_the_loss_curve(shared_assets, tmp_path, tunebench_home):
+    from engine.tracking import open_db
+    from engine.tracking.readers import list_runs
+
+    env = recipe_env(tunebench_home)
+    cfg = write_config(
+        tiny_config(shared_assets, tmp_path / "unused", max_steps_per_epoch=3), tmp_path / "cfg.yaml"
+    )
+    first = _tunebench(["run", "sft", "--config", str(cfg), "--name", "first"], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    exported = tmp_path / "exported.yaml"
+    done = _tunebench(["export", "first", "-o", str(exported)], env)
+    assert done.returncode == 0 and exported.is_file(), done.stderr
+    second = _tunebench(["run", "sft", "--config", str(exported), "--name", "second"], env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    with open_db(tunebench_home) as db:
+        ids = {r.name: r.id for r in list_runs(db=db)}
+    a, b = losses(tunebench_home, ids["first"]), losses(tunebench_home, ids["second"])
+    assert [s for s, _ in a] == [1, 2, 3] == [s for s, _ in b]
+    torch.testing.assert_close(
+        torch.tensor([v for _, v in b]), torch.tensor([v for _, v in a]), rtol=1e-6, atol=0
+    )
+
+
+@pytest.mark.slow
+def test_demo_config_trains_the_embedded_model_with_falling_loss(tmp_path, tunebench_home):
+    pytest.importorskip("gguf")
+    from engine.config import find_config
+
+    run_id = new_run(tunebench_home)
+    env = dict(recipe_env(tunebench_home, run_id), OMP_NUM_THREADS="2")
+    done = _run(RECIPE + [str(find_config("demo/smollm2_135m_lora")), f"output_dir={tmp_path / 'run'}",
+                          "max_steps_per_epoch=30", "save_merged_model=false"], env, timeout=3000)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    values = [v for _, v in losses(tunebench_home, run_id)]
+    assert len(values) == 30
+    assert sum(values[-5:]) / 5 < sum(values[:5]) / 5 - 0.2, values
+    assert (tmp_path / "run" / "checkpoints" / "step_30" / "model" / "adapter_model.safetensors").is_file()
