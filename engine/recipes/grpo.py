@@ -1,0 +1,476 @@
+"""GRPO, synchronous: generate G completions per prompt, score them, train on them, in turn.
+
+    python -m engine.recipes.grpo --config configs/demo/digit_successor_grpo.yaml
+    python -m engine.recipes.grpo --config configs/demo/smollm2_135m_lora_grpo.yaml
+
+One step: `batch_size` prompts -> `group_size` sampled completions each (engine.generation, KV cache,
+`temperature`, `max_new_tokens`, stop tokens) -> rewards (each component of `rewards`, weighted by
+`reward_weights`) -> group-normalised advantages -> log-probs of the completions under the policy
+that sampled them ("old") and under the reference -> `ppo_epochs` passes over the rollouts in
+minibatches of `minibatch_size` completions, one optimizer step each (GRPOLoss: clipped ratio + k3 KL).
+The reference is a frozen copy of the starting model, or the policy with adapters disabled (LoRA).
+
+Logged per step: `reward/mean`, `reward/std`, `rewards/<name>`, `kl`, `clip_fraction`, `ratio`,
+`completion_length`, `loss`, `lr`, `grad_norm`, `rollout_tokens_per_sec`, `step_time`; the first
+`num_samples_to_log` completions of every step go to `output_dir/samples.jsonl`. One process (the
+asynchronous recipe, `grpo_async`, spreads generation over Ray actors). Exit codes as in SFT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.config import ConfigError, instantiate, load_config
+from engine.recipes._common import (
+    EpochBatchSampler,
+    StopFlag,
+    parse_dtype,
+    parse_recipe_args,
+    pick_device,
+    set_seed,
+)
+from engine.rl.policy import build_model, rank_world
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder (checkpoints, samples.jsonl)",
+    "seed": "seed for new parameters, prompt order and sampling",
+    "device": "cpu, cuda or auto",
+    "dtype": "fp32 or bf16",
+    "checkpoint_dir": "Hugging Face model folder of the starting policy, 'demo', or null (random init)",
+    "model": "_component_ model builder; lora_* trains adapters (reference = adapters disabled)",
+    "tokenizer": "_component_ tokenizer ('demo' path for the embedded model's)",
+    "dataset": "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...): prompts + answers",
+    "batch_size": "prompts per step",
+    "group_size": "completions sampled per prompt (G); advantages are normalised within each group",
+    "max_new_tokens": "completion length cap",
+    "temperature": "sampling temperature of the rollouts (and of the log-probs of the ratio)",
+    "top_k": "sample from the k most likely tokens (null: all)",
+    "top_p": "nucleus sampling mass (null: off)",
+    "stop_tokens": "extra token ids that end a completion (the tokenizer's stop tokens always do)",
+    "rewards": "{name: _component_ reward fn} called with completions=, answers=, prompts= (engine.rl.rewards)",
+    "reward_weights": "{name: weight} for the total reward (default 1 each)",
+    "scale_rewards": "divide advantages by the group's std (true, GRPO) or only centre them (false, Dr. GRPO)",
+    "ppo_epochs": "optimisation passes over each batch of rollouts (>1 reuses samples; the ratio is clipped)",
+    "minibatch_size": "completions per optimizer step (null: all of the step's batch_size * group_size)",
+    "epochs": "passes over the prompts",
+    "max_steps_per_epoch": "cap on rollout steps per epoch (null: whole epoch)",
+    "optimizer": "_component_ optimizer (params passed in)",
+    "lr_scheduler": "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
+    "clip_grad_norm": "max global gradient norm (null: none)",
+    "loss": "_component_ engine.modules.loss.GRPOLoss {epsilon, epsilon_high, kl_coeff, aggregation}",
+    "num_samples_to_log": "completions per step written to output_dir/samples.jsonl",
+    "enable_activation_checkpointing": "recompute blocks in backward",
+    "compile": "torch.compile each block",
+    "fsdp": "unused by this one-process recipe (kept so configs can be shared)",
+    "save_every_n_steps": "checkpoint period in steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
+    "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
+}
+CALL_SITE_ARGS = {"completions", "answers", "prompts"}
+
+
+class LossIsNaN(RuntimeError):
+    """The step's loss is not finite."""
+
+
+def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """Right-padded `tokens [R,L]`, shifted `labels [R,L]` (-100 outside completions), `mask [R,L]`.
+
+    Row r is `prompt + completion`; `labels[r, i] = tokens[r, i+1]` exactly where token i+1 is a
+    completion token, so the log-prob at i scores that completion token.
+    """
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    R = len(prompts)
+    tokens = torch.full((R, L), pad_id, dtype=torch.long)
+    labels = torch.full((R, L), -100, dtype=torch.long)
+    for r, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        row = list(p) + list(c)
+        tokens[r, : len(row)] = torch.tensor(row)
+        if c:
+            labels[r, len(p) - 1 : len(row) - 1] = torch.tensor(list(c))
+    return tokens, labels, labels != -100
+
+
+def score(reward_nodes: dict, weights: dict, completions: list[str], answers: list[str], prompts: list[str]):
+    """`(total [R] fp32, {name: [R]})`: every reward component called through `instantiate`."""
+    per = {}
+    for name, node in reward_nodes.items():
+        values = instantiate(node, completions=completions, answers=answers, prompts=prompts)
+        if len(values) != len(completions):
+            raise ConfigError(
+                f"rewards.{name}: returned {len(values)} values for {len(completions)} completions — return one each",
+                field=f"rewards.{name}",
+            )
+        per[name] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    total = sum(float(weights.get(n, 1.0)) * v for n, v in per.items())
+    return total, per
+
+
+class GRPORecipe:
+    """Synchronous GRPO: `setup()`, `train()`, `save_checkpoint()`, `cleanup()`.
+
+    Args:
+        cfg (dict): resolved config. Raises ConfigError for values that cannot work (named).
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size = rank_world()
+        if self.world_size > 1:
+            raise ConfigError(
+                "nproc_per_node: synchronous GRPO runs on one process — use 1, or grpo_async to spread rollouts",
+                field="nproc_per_node",
+            )
+        self.device = pick_device(cfg.get("device"))
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/grpo")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.group_size = int(cfg.get("group_size", 8))
+        self.max_new_tokens = int(cfg.get("max_new_tokens", 128))
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.ppo_epochs = int(cfg.get("ppo_epochs", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        rows = self.batch_size * self.group_size
+        self.minibatch_size = int(cfg.get("minibatch_size") or rows)
+        for key, value in (("batch_size", self.batch_size), ("group_size", self.group_size),
+                           ("max_new_tokens", self.max_new_tokens), ("ppo_epochs", self.ppo_epochs),
+                           ("epochs", self.epochs), ("minibatch_size", self.minibatch_size)):  # fmt: skip
+            if value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
+        if self.temperature <= 0:
+            raise ConfigError("temperature: GRPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
+        if rows % self.minibatch_size:
+            raise ConfigError(
+                f"minibatch_size: {self.minibatch_size} does not divide batch_size * group_size = {rows}",
+                field="minibatch_size",
+            )
+        self.reward_nodes = dict(cfg.get("rewards") or {})
+        if not self.reward_nodes:
+            raise ConfigError(
+                "rewards: missing — add e.g. {math: {_component_: engine.rl.rewards.math_reward}}",
+                field="rewards",
+            )
+        self.reward_weights = dict(cfg.get("reward_weights") or {})
+        unknown = set(self.reward_weights) - set(self.reward_nodes)
+        if unknown:
+            raise ConfigError(
+                f"reward_weights: {sorted(unknown)[0]!r} is not a reward name — use one of {sorted(self.reward_nodes)}",
+                field="reward_weights",
+            )
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.save_every = cfg.get("save_every_n_steps")
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.optimizer_steps = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        cfg = self.cfg
+        common = {
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "device": self.device,
+            "compile": bool(cfg.get("compile", False)),
+        }
+        self.model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg.get("checkpoint_dir"), trainable=True,
+            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+        )  # fmt: skip
+        node = cfg.get("loss") or {"_component_": "engine.modules.loss.GRPOLoss"}
+        self.loss_fn = instantiate(node)
+        self.reference = None
+        if not self.is_lora and self.loss_fn.kl_coeff > 0:
+            self.reference, _, _ = build_model(
+                cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
+            )
+        self.tokenizer = self._setup_tokenizer()
+        self.stop_tokens = sorted(
+            set(self.tokenizer.stop_tokens) | {int(t) for t in cfg.get("stop_tokens") or []}
+        )
+        self._setup_data()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if "optimizer" not in cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
+            )
+        self.optimizer = instantiate(cfg["optimizer"], params)
+        self.lr_scheduler = None
+        if cfg.get("lr_scheduler") is not None:
+            opt_steps = (
+                self.total_steps
+                * self.ppo_epochs
+                * (self.batch_size * self.group_size // self.minibatch_size)
+            )
+            self.lr_scheduler = instantiate(cfg["lr_scheduler"], self.optimizer, num_training_steps=opt_steps)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+        self._maybe_resume()
+        self.stop.install()
+
+    def _setup_tokenizer(self):
+        from engine.recipes._common import resolve_model_dir
+
+        node = self.cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            return instantiate(node, path=str(resolve_model_dir("demo")))
+        return instantiate(node)
+
+    def _setup_data(self) -> None:
+        from engine.data import build_dataset
+        from engine.data.prompts import prompt_collate
+
+        dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
+        if len(dataset) and "prompt_tokens" not in dataset[0]:
+            raise ConfigError(
+                "dataset: GRPO needs prompts with answers — use prompt_dataset or demo_prompt_dataset",
+                field="dataset",
+            )
+        self.sampler = EpochBatchSampler(
+            len(dataset), batch_size=self.batch_size, seed=self.seed, shuffle=True
+        )
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=prompt_collate)
+        per_epoch = len(self.sampler)
+        if self.cfg.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        self.steps_per_epoch = per_epoch
+        self.total_steps = per_epoch * self.epochs
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.get("resume", False)
+        if resume in (False, None, "false"):
+            return
+        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
+        if path is None:
+            return
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        if state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+        if os.environ.get("TUNEBENCH_RUN_ID"):
+            from engine.tracking import truncate_metrics_after
+
+            truncate_metrics_after(os.environ["TUNEBENCH_RUN_ID"], self.global_step)
+        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
+
+    # ------------------------------------------------------------------------------------ one step
+    def rollout(self, prompts: list[list[int]], answers: list[str]) -> dict:
+        """Sample G completions per prompt and score them: the step's rollouts (CPU tensors + texts)."""
+        from engine.generation import generate
+
+        G = self.group_size
+        rep_prompts = [p for p in prompts for _ in range(G)]
+        rep_answers = [a for a in answers for _ in range(G)]
+        t0 = time.perf_counter()
+        out = generate(
+            self.model, rep_prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_k=self.cfg.get("top_k"), top_p=self.cfg.get("top_p"), stop_tokens=self.stop_tokens,
+            pad_id=self.tokenizer.pad_id, generator=self.generator,
+        )  # fmt: skip
+        gen_time = time.perf_counter() - t0
+        completions = [list(c) for c in out.completions]
+        texts = [self.tokenizer.decode(c) for c in completions]
+        prompt_texts = [self.tokenizer.decode(p) for p in rep_prompts]
+        total, per = score(self.reward_nodes, self.reward_weights, texts, rep_answers, prompt_texts)
+        return {
+            "prompts": rep_prompts, "completions": completions, "texts": texts, "prompt_texts": prompt_texts,
+            "answers": rep_answers, "rewards": total, "per_reward": per, "gen_time": gen_time,
+        }  # fmt: skip
+
+    def train_on(self, ro: dict) -> dict[str, float]:
+        """Advantages, old/reference log-probs, then `ppo_epochs` x minibatch optimizer steps."""
+        from engine.modules.loss import group_advantages
+        from engine.rl.logprobs import token_logprobs
+        from engine.rl.policy import reference_context
+        from engine.training import clip_grad_norm
+
+        adv = group_advantages(
+            ro["rewards"], self.group_size, scale_by_std=bool(self.cfg.get("scale_rewards", True))
+        )
+        tokens, labels, mask = rollout_batch(ro["prompts"], ro["completions"], self.tokenizer.pad_id)
+        tokens, labels, mask, adv = (t.to(self.device) for t in (tokens, labels, mask, adv))
+        lp = {"temperature": self.temperature}
+        with torch.no_grad():
+            old = token_logprobs(self.model, tokens, labels, **lp)  # [R,L]
+            ref = None
+            if self.loss_fn.kl_coeff > 0:
+                ref_model, ctx = reference_context(self.model, self.reference)
+                with ctx:
+                    ref = token_logprobs(ref_model, tokens, labels, **lp)
+        sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "grad_norm": 0.0}
+        n = 0
+        R = tokens.shape[0]
+        perm_gen = torch.Generator().manual_seed(self.seed + 7 * self.global_step)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(R, generator=perm_gen) if self.minibatch_size < R else torch.arange(R)
+            for s in range(0, R, self.minibatch_size):
+                idx = order[s : s + self.minibatch_size].to(self.device)
+                logps = token_logprobs(self.model, tokens[idx], labels[idx], **lp)
+                loss, stats = self.loss_fn(
+                    logps, old[idx], adv[idx], mask[idx], None if ref is None else ref[idx]
+                )
+                if not math.isfinite(loss.item()):
+                    raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
+                loss.backward()
+                gn = clip_grad_norm(
+                    self.model.parameters(), float(self.clip_grad_norm) if self.clip_grad_norm else None
+                )
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.optimizer_steps += 1
+                sums["loss"] += loss.item()
+                sums["grad_norm"] += float(gn)
+                for k in ("kl", "clip_fraction", "ratio"):
+                    sums[k] += float(stats[k])
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def _log_samples(self, ro: dict) -> None:
+        k = int(self.cfg.get("num_samples_to_log", 4))
+        if k <= 0:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        lines = [
+            json.dumps(
+                {
+                    "step": self.global_step,
+                    "prompt": ro["prompt_texts"][i],
+                    "completion": ro["texts"][i],
+                    "answer": ro["answers"][i],
+                    "reward": float(ro["rewards"][i]),
+                }
+            )  # fmt: skip
+            for i in range(min(k, len(ro["texts"])))
+        ]
+        with open(self.output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")  # whole lines in one write
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        from engine.training import memory_stats
+
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            for batch in self.loader:
+                if self.batches_in_epoch >= self.steps_per_epoch:
+                    break
+                t0 = time.perf_counter()
+                self.model.train()
+                ro = self.rollout(batch["prompts"], batch["answers"])
+                train_stats = self.train_on(ro)
+                self.batches_in_epoch += 1
+                self.global_step += 1
+                lengths = torch.tensor([len(c) for c in ro["completions"]], dtype=torch.float32)
+                metrics = {
+                    "reward/mean": float(ro["rewards"].mean()),
+                    "reward/std": float(ro["rewards"].std()) if len(ro["rewards"]) > 1 else 0.0,
+                    **{f"rewards/{k}": float(v.mean()) for k, v in ro["per_reward"].items()},
+                    **train_stats,
+                    "completion_length": float(lengths.mean()),
+                    "lr": float(self.optimizer.param_groups[0]["lr"]),
+                    "rollout_tokens_per_sec": float(lengths.sum()) / max(ro["gen_time"], 1e-9),
+                    "step_time": time.perf_counter() - t0,
+                    "epoch": self.epoch,
+                }
+                log.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+                self.history.append(metrics)
+                self._log_samples(ro)
+                log.set_progress(self.global_step, self.total_steps)
+                stop = self.stop.requested
+                if self.batches_in_epoch >= self.steps_per_epoch:
+                    break
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self.stop.requested:
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        return 0
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoints/step_<N>/`: policy (adapters or HF folder), optimizer, recipe state."""
+        from functools import partial
+
+        from engine.rl.export import write_policy
+
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "optimizer_steps": self.optimizer_steps,
+            "generator": self.generator.get_state(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
+            keep_last=self.keep_last,
+            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+                                model_dir=self.model_dir, dtype=self.dtype),
+        )  # fmt: skip
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def recipe_main(argv: list[str] | None = None) -> int:
+    """Entry point: `--config FILE [overrides]`."""
+    from engine.recipes.dpo import check_config
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.grpo")
+    code, recipe = 0, None
+    try:
+        cfg = load_config(config_path, overrides)
+        check_config(cfg, recipe="grpo")
+        recipe = GRPORecipe(cfg, dist_info=init_distributed())
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"grpo: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    recipe_main()
