@@ -164,3 +164,32 @@ def test_a_forked_child_never_touches_the_parents_connection(tunebench_home):
     with open_db() as db:
         assert [(r.step, r.name) for r in readers.metrics_since(run.id, db=db)] == [(1, "loss"), (2, "loss")]
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_any_float_round_trips_exactly(tunebench_home):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    with open_db() as db:
+        run = _run(db)
+    log = MetricLogger(run_id=run.id, echo=False, max_delay_s=0)
+    state = {"step": 0, "last_id": 0}
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True), min_size=1, max_size=5)
+    )
+    def check(values):
+        state["step"] += 1
+        log.log(state["step"], {f"v{i}": v for i, v in enumerate(values)})
+        log.flush()
+        with open_db() as db:
+            rows = readers.metrics_since(run.id, db=db, after_id=state["last_id"])
+        state["last_id"] = rows[-1].id
+        for row, v in zip(rows, values):
+            assert (math.isnan(row.value) and math.isnan(v)) or (
+                row.value == v and math.copysign(1, row.value) == math.copysign(1, v)
+            )
+
+    check()
+    log.close()
