@@ -1,0 +1,336 @@
+"""Knowledge distillation: a smaller student learns a teacher's token distributions (plus the labels).
+
+    python -m engine.recipes.kd --config configs/qwen3/0.6B_kd.yaml
+    python -m engine.recipes.kd --config configs/demo/tiny_kd.yaml
+
+Teacher and student share the tokenizer (same vocabulary). Per micro-batch the teacher's final hidden
+states are computed without gradients, the student's with, and `loss` (engine.modules.loss.KDLoss)
+projects both to the vocabulary a chunk of tokens at a time: `(1 - kd_ratio) * CE + kd_ratio * KL`
+(forward, reverse or symmetric), never holding either model's `[B,S,V]` logits. The student is full
+or LoRA (a `lora_*` builder). The step's loss is the token mean over all its micro-batches.
+
+Logged per step: `loss`, `kd_loss`, `ce_loss`, `lr`, `grad_norm`, `tokens_per_sec`, memory. One process.
+Exit codes as in SFT: 0 done or stopped by SIGTERM (checkpoint first), 1 NaN loss, 2 bad config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.config import ConfigError, instantiate, load_config
+from engine.recipes._common import (
+    EpochBatchSampler,
+    StopFlag,
+    forward_replaced,
+    parse_dtype,
+    parse_recipe_args,
+    pick_device,
+    set_seed,
+)
+from engine.rl.policy import build_model, rank_world
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
+    "seed": "seed for new parameters and data order",
+    "device": "cpu, cuda or auto",
+    "dtype": "fp32 or bf16 for both models",
+    "checkpoint_dir": "the student's starting HF folder, 'demo', or null (random init)",
+    "model": "_component_ student builder (lora_* trains adapters only)",
+    "teacher_checkpoint_dir": "the teacher's HF folder (or 'demo'); null only for tests (random teacher)",
+    "teacher_model": "_component_ teacher builder (frozen); its vocab_size must equal the student's",
+    "tokenizer": "_component_ tokenizer shared by both",
+    "dataset": "_component_ SFT-style dataset (tokens + labels), or a list of them",
+    "batch_size": "samples per micro-batch",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (same result, less memory)",
+    "epochs": "passes over the data",
+    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
+    "optimizer": "_component_ optimizer (params passed in)",
+    "lr_scheduler": "_component_ schedule (num_training_steps filled in), or null",
+    "clip_grad_norm": "max global gradient norm (null: none)",
+    "loss": "_component_ engine.modules.loss.KDLoss {kind: forward|reverse|symmetric, kd_ratio, temperature, chunk_size}",
+    "enable_activation_checkpointing": "recompute student blocks in backward",
+    "compile": "torch.compile each block",
+    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
+    "shuffle": "shuffle each epoch (seeded)",
+    "allowed_components": "extra module prefixes allowed in _component_",
+}
+
+
+class LossIsNaN(RuntimeError):
+    """The step's loss is not finite."""
+
+
+class KDRecipe:
+    """Distillation, one class: `setup()`, `train()`, `save_checkpoint()`, `cleanup()`.
+
+    Raises ConfigError for a config that cannot work (named field): different vocabularies,
+    several processes, bad sizes.
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size = rank_world()
+        if self.world_size > 1:
+            raise ConfigError(
+                "nproc_per_node: distillation runs on one process — use 1", field="nproc_per_node"
+            )
+        self.device = pick_device(cfg.get("device"))
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/kd")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
+                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
+            if value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
+        if cfg.get("teacher_model") is None:
+            raise ConfigError(
+                "teacher_model: missing — add the teacher's _component_ builder", field="teacher_model"
+            )
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.save_every = cfg.get("save_every_n_steps")
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.tokens_total = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.history: list[dict[str, float]] = []
+
+    def setup(self) -> None:
+        from engine.data import build_dataset
+        from engine.recipes.sft import _collate_for
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        cfg = self.cfg
+        common = {"dtype": self.dtype, "device": self.device, "compile": bool(cfg.get("compile", False))}
+        self.model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg.get("checkpoint_dir"), trainable=True, seed=self.seed,
+            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+        )  # fmt: skip
+        self.teacher, _, _ = build_model(
+            cfg["teacher_model"], cfg.get("teacher_checkpoint_dir"), trainable=False, seed=self.seed + 1,
+            field="teacher_model", **common,
+        )  # fmt: skip
+        vs, vt = self.model.output_weight.shape[0], self.teacher.output_weight.shape[0]
+        if vs != vt:
+            raise ConfigError(
+                f"teacher_model: vocabulary {vt} differs from the student's {vs} — distil between models "
+                "that share a tokenizer",
+                field="teacher_model",
+            )
+        node = cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            from engine.recipes._common import resolve_model_dir
+
+            self.tokenizer = instantiate(node, path=str(resolve_model_dir("demo")))
+        else:
+            self.tokenizer = instantiate(node)
+        dataset = build_dataset(cfg["dataset"], self.tokenizer)
+        if len(dataset) and "labels" not in dataset[0] and "document_ids" not in dataset[0]:
+            raise ConfigError(
+                "dataset: distillation needs token/label samples (an SFT dataset)", field="dataset"
+            )
+        self.sampler = EpochBatchSampler(len(dataset), batch_size=self.batch_size, seed=self.seed,
+                                         shuffle=bool(cfg.get("shuffle", True)))  # fmt: skip
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
+        )
+        per_epoch = len(self.sampler) // self.accum
+        if per_epoch < 1:
+            raise ConfigError(
+                f"gradient_accumulation_steps: {self.accum} exceeds an epoch of {len(self.sampler)} micro-batches",
+                field="gradient_accumulation_steps",
+            )
+        if cfg.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, int(cfg["max_steps_per_epoch"]))
+        self.steps_per_epoch, self.total_steps = per_epoch, per_epoch * self.epochs
+        if "optimizer" not in cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-4}", field="optimizer"
+            )
+        self.optimizer = instantiate(
+            cfg["optimizer"], [p for p in self.model.parameters() if p.requires_grad]
+        )
+        self.lr_scheduler = None
+        if cfg.get("lr_scheduler") is not None:
+            self.lr_scheduler = instantiate(
+                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps
+            )
+        self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.KDLoss"})
+        self._maybe_resume()
+        self.stop.install()
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.get("resume", False)
+        if resume in (False, None, "false"):
+            return
+        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
+        if path is None:
+            return
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.tokens_total = int(state.get("tokens_total", 0))
+        if os.environ.get("TUNEBENCH_RUN_ID"):
+            from engine.tracking import truncate_metrics_after
+
+            truncate_metrics_after(os.environ["TUNEBENCH_RUN_ID"], self.global_step)
+        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
+
+    def losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(loss, kd, ce)` token means of one micro-batch (see KDLoss)."""
+        kw = {"position_ids": batch.get("position_ids"), "document_ids": batch.get("document_ids")}
+        with torch.no_grad():
+            t_hidden = self.teacher.forward_hidden(batch["tokens"], **kw)  # [B,S,Dt]
+        t_weight = self.teacher.output_weight  # [V,Dt]
+        model, loss_fn = self.model, self.loss_fn
+
+        def hidden_then_loss(tokens, **k):
+            s_hidden = model.forward_hidden(tokens, **k)  # [B,S,D]
+            return loss_fn(s_hidden, model.output_weight, t_hidden, t_weight, batch["labels"])
+
+        with forward_replaced(model, hidden_then_loss):
+            return model(batch["tokens"], **kw)
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        from engine.training import clip_grad_norm, memory_stats
+
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        self.model.train()
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            step_in_epoch = self.batches_in_epoch // self.accum
+            pending: list[dict] = []
+            for batch in self.loader:
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                pending.append({k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()})
+                self.batches_in_epoch += 1
+                if len(pending) < self.accum:
+                    continue
+                # ---- one optimizer step over the collected micro-batches (token-mean weighting) ---
+                t0 = time.perf_counter()
+                counts = [int((b["labels"] != -100).sum()) for b in pending]
+                total = max(sum(counts), 1)
+                sums = [0.0, 0.0, 0.0]
+                for b, n in zip(pending, counts, strict=True):
+                    loss, kd, ce = self.losses(b)
+                    (loss * (n / total)).backward()
+                    sums = [sums[0] + loss.item() * n, sums[1] + kd.item() * n, sums[2] + ce.item() * n]
+                step_tokens = sum(b["tokens"].numel() for b in pending)
+                pending = []
+                step_loss = sums[0] / total
+                if not math.isfinite(step_loss):
+                    raise LossIsNaN(
+                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
+                    )
+                gn = clip_grad_norm(
+                    self.model.parameters(), float(self.clip_grad_norm) if self.clip_grad_norm else None
+                )
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.global_step += 1
+                step_in_epoch += 1
+                self.tokens_total += step_tokens
+                metrics = {
+                    "loss": step_loss, "kd_loss": sums[1] / total, "ce_loss": sums[2] / total, "lr": float(lr),
+                    "grad_norm": float(gn), "tokens_per_sec": step_tokens / max(time.perf_counter() - t0, 1e-9),
+                    "tokens_total": self.tokens_total, "epoch": self.epoch,
+                }  # fmt: skip
+                log.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+                self.history.append(metrics)
+                log.set_progress(self.global_step, self.total_steps)
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                stop = self.stop.requested
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self.stop.requested:
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        return 0
+
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoints/step_<N>/`: the student (adapters or HF folder), optimizer, state."""
+        from engine.rl.export import write_policy
+
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "tokens_total": self.tokens_total,
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
+            keep_last=self.keep_last,
+            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+                                model_dir=self.model_dir, dtype=self.dtype),
+        )  # fmt: skip
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def recipe_main(argv: list[str] | None = None) -> int:
+    """Entry point: `--config FILE [overrides]`."""
+    from engine.recipes.dpo import check_config
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.kd")
+    code, recipe = 0, None
+    try:
+        cfg = load_config(config_path, overrides)
+        check_config(cfg, recipe="kd")
+        recipe = KDRecipe(cfg, dist_info=init_distributed())
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"kd: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    recipe_main()
