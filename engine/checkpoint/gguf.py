@@ -10,7 +10,9 @@ What the conversion undoes:
 - llama.cpp's Q/K row permutation: its converter reorders the rows of `q_proj`/`k_proj` from HF's
   "rotate halves" RoPE layout to the interleaved-pairs layout; we apply the inverse;
 - the tokenizer: a GPT-2 style byte-level BPE is rebuilt from `tokenizer.ggml.tokens/merges/token_type`
-  and its pre-tokenizer from `tokenizer.ggml.pre`; the chat template comes from `tokenizer.chat_template`.
+  and its pre-tokenizer from `tokenizer.ggml.pre`; a SentencePiece BPE (`llama`: Llama 2, Mistral) from
+  the tokens and their scores (merges derived from the scores, byte fallback); the chat template comes
+  from `tokenizer.chat_template`.
 
 Quantised weights only approximate the original model (Q4 keeps ~4.5 bits per weight).
 """
@@ -63,7 +65,7 @@ _QWEN2_SPLIT = (
 )
 # `tokenizer.ggml.pre` values whose pre-tokenizer we rebuild.
 SUPPORTED_PRE = ("smollm", "gpt-2", "gpt2", "default", "llama-bpe", "llama3", "qwen2")
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4  # llama.cpp token types
 
 
 @dataclass
@@ -224,24 +226,34 @@ def _pre_tokenizer(pre: str):
     return pre_tokenizers.ByteLevel(add_prefix_space=False)  # gpt-2 / default
 
 
-def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+def spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges of a SentencePiece-BPE vocabulary (which stores scores, not merges).
 
-    kind = _field(reader, "tokenizer.ggml.model", path)
-    if kind != "gpt2":
-        raise GGUFError(
-            f"{path}: tokenizer model {kind!r} cannot be rebuilt (byte-level BPE 'gpt2' only); "
-            "pass the model's tokenizer folder with `tokenizer_dir=` / `--tokenizer DIR`"
-        )
+    Every split of a piece into two pieces that are both in the vocabulary is a merge; merges are
+    ranked by the merged piece's score (higher first), ties by the ids of the two halves.
+    """
+    ids = {t: i for i, t in enumerate(tokens)}
+    found: list[tuple[float, int, int, str, str]] = []
+    for merged, score in zip(tokens, scores):
+        for cut in range(1, len(merged)):
+            left, right = merged[:cut], merged[cut:]
+            if left in ids and right in ids:
+                found.append((-float(score), ids[left], ids[right], left, right))
+    found.sort(key=lambda m: (m[0], m[1], m[2]))
+    return [(left, right) for _, _, _, left, right in found]
+
+
+def _byte_level_bpe(reader, path: Path, tokens: list[str]):
+    """GPT-2 style byte-level BPE (`tokenizer.ggml.model == "gpt2"`)."""
+    from tokenizers import Tokenizer, decoders, models, processors
+
     pre = str(_field(reader, "tokenizer.ggml.pre", path, "default"))
     if pre not in SUPPORTED_PRE:
         raise GGUFError(
             f"{path}: pre-tokenizer {pre!r} is unknown (known: {', '.join(SUPPORTED_PRE)}); "
             "pass the model's tokenizer folder with `tokenizer_dir=` / `--tokenizer DIR`"
         )
-    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens", path)]
     merges = [tuple(str(m).split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", path)]
-    types = _field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))
     bpe = models.BPE(
         vocab={t: i for i, t in enumerate(tokens)},
         merges=merges,
@@ -251,10 +263,59 @@ def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def _sentencepiece_bpe(reader, path: Path, tokens: list[str]):
+    """SentencePiece BPE with byte fallback (`tokenizer.ggml.model == "llama"`: Llama 2, Mistral)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors
+
+    scores = _field(reader, "tokenizer.ggml.scores", path)
+    unk = _field(reader, "tokenizer.ggml.unknown_token_id", path, 0)
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=spm_merges(tokens, [float(x) for x in scores]),
+        unk_token=tokens[int(unk)],
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    tok = Tokenizer(bpe)
+    # SentencePiece writes spaces as U+2581 and (by default) prefixes the text with one.
+    space = [normalizers.Replace(" ", "\u2581")]
+    if bool(_field(reader, "tokenizer.ggml.add_space_prefix", path, True)):
+        space.insert(0, normalizers.Prepend("\u2581"))
+    tok.normalizer = normalizers.Sequence(space)
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    bos = _field(reader, "tokenizer.ggml.bos_token_id", path, None)
+    if bos is not None and bool(_field(reader, "tokenizer.ggml.add_bos_token", path, True)):
+        b = tokens[int(bos)]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{b} $A", pair=f"{b} $A {b} $B", special_tokens=[(b, int(bos))]
+        )
+    return tok
+
+
+def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
+    from tokenizers import AddedToken
+
+    kind = _field(reader, "tokenizer.ggml.model", path)
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens", path)]
+    types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))]
+    if kind == "gpt2":
+        tok = _byte_level_bpe(reader, path, tokens)
+    elif kind == "llama":
+        tok = _sentencepiece_bpe(reader, path, tokens)
+    else:
+        raise GGUFError(
+            f"{path}: tokenizer model {kind!r} cannot be rebuilt (byte-level BPE 'gpt2' and SentencePiece "
+            "'llama' only); pass the model's tokenizer folder with `tokenizer_dir=` / `--tokenizer DIR`"
+        )
     added = [
-        AddedToken(tokens[i], special=int(t) == _CONTROL, normalized=False)
+        AddedToken(tokens[i], special=t in (_UNKNOWN, _CONTROL), normalized=False)
         for i, t in enumerate(types)
-        if int(t) in (_CONTROL, _USER_DEFINED)
+        if t in (_UNKNOWN, _CONTROL, _USER_DEFINED)
     ]
     tok.add_special_tokens([a for a in added if a.special])
     tok.add_tokens([a for a in added if not a.special])
@@ -269,7 +330,7 @@ def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
         "eos_token": name("eos"),
         "pad_token": name("padding"),
         "unk_token": name("unknown"),
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", path, False)),
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", path, kind == "llama")),
         "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", path, False)),
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(_field(reader, "llama.context_length", path, 4096)),

@@ -224,3 +224,44 @@ def test_bad_files_one_line(tmp_path):
     with pytest.raises(GGUFError, match="already exists"):
         convert_gguf_to_hf(tmp_path / "ok.gguf", tmp_path / "out")
     assert list(tmp_path.glob(".out.*")) == []  # nothing half-written
+
+
+def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(shared_assets, tmp_path):
+    """Llama-2/Mistral GGUFs carry a SentencePiece vocabulary (pieces, scores, types); the rebuilt
+    tokenizer must encode as Mistral's own tokenizer.json does."""
+    import gguf
+    import sentencepiece as spm
+    from tokenizers import Tokenizer
+
+    from engine.checkpoint.gguf import _open, _tokenizer
+
+    src = shared_assets / "tokenizers" / "mistral7b_v01"
+    sp = spm.SentencePieceProcessor(model_file=str(src / "tokenizer.model"))
+    n = sp.GetPieceSize()
+    types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 6 if sp.IsByte(i) else 1 for i in range(n)]
+    w = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list([sp.IdToPiece(i) for i in range(n)])
+    w.add_token_scores([sp.GetScore(i) for i in range(n)])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok_json, tok_cfg = _tokenizer(_open(tmp_path / "spm.gguf"), tmp_path / "spm.gguf")
+    rebuilt = Tokenizer.from_str(tok_json)
+    ref = Tokenizer.from_file(str(src / "tokenizer.json"))
+    texts = [
+        "Hello world! The year 2024 had 366 days.",
+        "  leading spaces, tabs\tand ünïcödé 日本語 🤗",
+        "def f(x):\n    return x ** 2  # code",
+        "[INST] What is the capital of France? [/INST]",
+    ]
+    for text in texts:
+        assert rebuilt.encode(text).ids == ref.encode(text).ids, text
+        assert rebuilt.decode(rebuilt.encode(text).ids) == ref.decode(ref.encode(text).ids)
+    assert tok_cfg["bos_token"] == "<s>" and tok_cfg["add_bos_token"] is True
