@@ -139,3 +139,26 @@ def test_mix_logs_loss_per_source_and_validation(shared_assets, tmp_path, tunebe
     } <= names
     assert [s for s, _ in val] == [2, 4]
     assert [s for s, _ in loss] == [1, 2, 3, 4]
+
+
+def test_packed_batches_with_activation_checkpointing_match_without(shared_assets, tmp_path):
+    # Packed 96-token sequences (block-causal attention through document_ids); checkpointing every
+    # block recomputes the same forward, so losses and weights must not move.
+    over = {
+        "dataset.packed": True,
+        "dataset.max_seq_len": 96,
+        "batch_size": 2,
+        "max_steps_per_epoch": 3,
+        "optimizer": SGD,
+    }
+    plain = run_recipe(tiny_config(shared_assets, tmp_path / "a", **over))
+    ac = run_recipe(tiny_config(shared_assets, tmp_path / "b", enable_activation_checkpointing=True, **over))
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    assert all(isinstance(block, CheckpointWrapper) for block in ac.model.layers)
+    assert not any(isinstance(block, CheckpointWrapper) for block in plain.model.layers)
+    torch.testing.assert_close(
+        torch.tensor(ac.loss_history), torch.tensor(plain.loss_history), rtol=1e-6, atol=0
+    )
+    for (name, a), b in zip(trainable_state(plain).items(), trainable_state(ac).values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7, msg=name)
