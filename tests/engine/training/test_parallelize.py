@@ -72,3 +72,26 @@ def test_materialize_from_init_fn():
     materialize_model(model, device="cpu", init_fn=lambda m: m.load_state_dict(tiny_decoder().state_dict()))
     tokens = torch.randint(0, 128, (1, 8))
     torch.testing.assert_close(model(tokens), tiny_decoder()(tokens))
+
+
+def test_single_process_group_and_shutdown_exit_code():
+    script = (
+        "from engine.training import init_distributed, build_world_mesh, shutdown\n"
+        "import torch.distributed as dist\n"
+        "info = init_distributed(force_process_group=True)\n"
+        "mesh = build_world_mesh(info)\n"
+        "print('world', dist.get_world_size(), info.rank, info.device, mesh.mesh_dim_names)\n"
+        "try:\n"
+        "    build_world_mesh(info, tp=2)\n"
+        "except Exception as exc:\n"
+        "    print('error', exc)\n"
+        "shutdown(3)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "world 1 0 cpu ('dp',)" in proc.stdout
+    assert "error tensor_parallel_dim: 2 must divide the number of ranks (1)" in proc.stdout
