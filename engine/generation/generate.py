@@ -78,8 +78,22 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[tor
     return tokens, pad_len
 
 
+def _is_fsdp(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
 def _last_logits(model: nn.Module, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Logits of the last position only, `[B,V]` float32, without projecting the whole sequence."""
+    """Logits of the last position only, `[B,V]` float32, without projecting the whole sequence.
+
+    An FSDP2 model gathers its root parameters (embeddings, final norm, output) in `forward`'s hooks,
+    so it goes through `forward` (all positions projected) instead of `forward_hidden`.
+    """
+    if _is_fsdp(model):
+        return model(tokens, **kwargs)[:, -1].float()  # [B,V]
     hidden = model.forward_hidden(tokens, **kwargs)[:, -1]  # [B,D]
     return F.linear(hidden, model.output_weight).float()  # [B,V]
 

@@ -3,6 +3,8 @@ full-forward loop without a cache, each prompt alone versus the padded batch, an
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -158,3 +160,11 @@ def test_on_step_sees_every_token(llama):
     )
     assert torch.equal(torch.stack([t for t, _ in seen], dim=1), out.tokens)
     assert all(r.all() for _, r in seen)  # no stop tokens: every row runs every step
+
+
+def test_forward_path_used_for_fsdp_models_gives_same_tokens(llama, monkeypatch):
+    _, model = llama
+    expected = generate(model, PROMPTS, max_new_tokens=6).tokens
+    module = importlib.import_module("engine.generation.generate")  # the module, not the function
+    monkeypatch.setattr(module, "_is_fsdp", lambda m: True)  # FSDP2 models go through forward()
+    assert torch.equal(generate(model, PROMPTS, max_new_tokens=6).tokens, expected)
