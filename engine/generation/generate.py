@@ -4,7 +4,8 @@ Prompts of different lengths are left-padded to the longest one `P`, so every ro
 cache slot at each step (the cache's `input_pos` is shared by all rows). Each row still gets its own
 RoPE positions (`position_ids` count from its first real token) and an attention mask that hides its
 padding slots, so a row's tokens are exactly those it would get alone. Rows stop independently at a
-stop token; the loop ends when every row has stopped or `max_new_tokens` are generated.
+stop token and then leave the compute batch (their KV-cache rows are squeezed out); the loop ends
+when every row has stopped or `max_new_tokens` are generated.
 
 Cache layout for `B` rows, `P` prompt slots and `T = max_new_tokens`: slots `0..P-1` hold the
 (left-padded) prompts, slot `P + t` the token generated at step `t`; the cache has `P + T` slots.
@@ -165,35 +166,45 @@ def generate(
         else:
             logits = _last_logits(model, tokens, position_ids=positions, mask=mask[:, :, :prompt_slots])
         seq = tokens
+        # Rows in the compute batch (original indices, in KV-cache row order). With the cache, rows that
+        # stopped leave the batch: their cache rows are squeezed out, so late steps cost only the rows
+        # still generating (GRPO rollouts vary a lot in length).
+        active = torch.arange(batch, device=device)
         for step in range(max_new_tokens):
-            chosen = sample_next_token(
+            picked_ids = sample_next_token(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-            )
-            chosen = torch.where(done, torch.full_like(chosen, pad_id), chosen)  # [B]
-            out[:, step] = chosen
+            )  # [n]
+            was_done = done[active]
+            picked_ids = torch.where(was_done, torch.full_like(picked_ids, pad_id), picked_ids)
+            out[active, step] = picked_ids
             if logprobs is not None:
                 scaled = logits / (temperature if temperature > 0 else 1.0)
-                picked = torch.log_softmax(scaled, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
-                logprobs[:, step] = torch.where(done, torch.zeros_like(picked), picked)
+                picked = torch.log_softmax(scaled, dim=-1).gather(-1, picked_ids[:, None]).squeeze(-1)
+                logprobs[active, step] = torch.where(was_done, torch.zeros_like(picked), picked)
             if on_step is not None:
-                on_step(chosen, ~done)
-            lengths += (~done).long()
-            done |= torch.isin(chosen, stops)
+                on_step(out[:, step], ~done)
+            lengths[active] += (~was_done).long()
+            done[active] = was_done | torch.isin(picked_ids, stops)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
             slot = prompt_slots + step
-            positions = (prompt_len + step)[:, None]  # [B,1]
             if use_cache:
-                step_mask = (slots[None, :] <= slot) & key_valid  # [B,L]
+                running = ~done[active]
+                if not bool(running.all()):
+                    keep = running.nonzero().squeeze(1)
+                    _compact_caches(model, keep)
+                    active, picked_ids = active[keep], picked_ids[keep]
+                positions = (prompt_len[active] + step)[:, None]  # [n,1]
+                step_mask = (slots[None, :] <= slot) & key_valid[active]  # [n,L]
                 logits = _last_logits(
                     model,
-                    chosen[:, None],
+                    picked_ids[:, None],
                     position_ids=positions,
                     mask=step_mask[:, None, :],
                     input_pos=slots[slot : slot + 1],
                 )
             else:
-                seq = torch.cat([seq, chosen[:, None]], dim=1)  # [B,slot+1]
+                seq = torch.cat([seq, picked_ids[:, None]], dim=1)  # [B,slot+1]
                 s = seq.shape[1]
                 full_mask = mask_for_prefix(key_valid[:, :s])  # [B,s,s]
                 full_pos = (slots[None, :s] - pad_len[:, None]).clamp(min=0)
@@ -209,6 +220,16 @@ def generate(
         stopped=done,
         logprobs=None if logprobs is None else logprobs[:, :steps],
     )
+
+
+def _compact_caches(model: nn.Module, keep: torch.Tensor) -> None:
+    """Move the KV-cache rows `keep` (`[n]` long, increasing) to rows `0..n-1` in every layer; the cache
+    then serves a batch of `n` (`KVCache.update` uses the first `batch` rows)."""
+    n = keep.numel()
+    for layer in model.layers:
+        cache = layer.attn.kv_cache
+        cache.k_cache[:n] = cache.k_cache.index_select(0, keep)
+        cache.v_cache[:n] = cache.v_cache.index_select(0, keep)
 
 
 def mask_for_prefix(key_valid: torch.Tensor) -> torch.Tensor:

@@ -168,3 +168,25 @@ def test_forward_path_used_for_fsdp_models_gives_same_tokens(llama, monkeypatch)
     module = importlib.import_module("engine.generation.generate")  # the module, not the function
     monkeypatch.setattr(module, "_is_fsdp", lambda m: True)  # FSDP2 models go through forward()
     assert torch.equal(generate(model, PROMPTS, max_new_tokens=6).tokens, expected)
+
+
+def test_finished_rows_leave_the_batch(llama):
+    """Rows stopping at different steps shrink the compute batch; the others' tokens do not change."""
+    _, model = llama
+    free = generate(model, PROMPTS, max_new_tokens=12)
+    # Stop each row at its own step: row r stops at the token it produces at step 2r (first occurrence).
+    stops = sorted({free.tokens[r, 2 * r].item() for r in range(len(PROMPTS))})
+    widths = []
+    out = generate(
+        model,
+        PROMPTS,
+        max_new_tokens=12,
+        stop_tokens=stops,
+        on_step=lambda t, running: widths.append(int(running.sum())),
+    )
+    no_cache = generate(model, PROMPTS, max_new_tokens=12, stop_tokens=stops, use_cache=False)
+    assert torch.equal(out.tokens, no_cache.tokens) and torch.equal(out.lengths, no_cache.lengths)
+    for r, completion in enumerate(out.completions):
+        assert completion == free.completions[r][: len(completion)]
+        assert out.stopped[r] == (completion[-1] in stops)
+    assert widths == sorted(widths, reverse=True) and widths[-1] < len(PROMPTS)
