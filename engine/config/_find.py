@@ -1,6 +1,7 @@
 """Built-in configs under the repository's `configs/` folder, and finding a config by name or path.
 
-A built-in config is `configs/<family>/<size>_<method>.yaml`, named `<family>/<size>_<method>`.
+A built-in run config is `configs/<family>/<size>_<method>.yaml`, named `<family>/<size>_<method>`
+(exactly one folder deep; deeper folders hold other YAML, such as eval task files).
 Its recipe comes from the launch line in its opening comment:
 `# tunebench run sft --config llama3_2/1B_lora` (or `... -m engine.recipes.sft ...`).
 """
@@ -47,12 +48,17 @@ def recipe_from_text(text: str) -> str | None:
 
 
 def list_builtin_configs() -> list[BuiltinConfig]:
-    """Every `*.yaml` under `configs/`, sorted by name, with the recipe from its launch line."""
+    """Every run config `configs/<family>/<name>.yaml`, sorted by name, with the recipe from its launch line.
+
+    Deeper folders (e.g. `configs/eval/tasks/`, lm-eval task files) are not run configs and are skipped.
+    """
     root = builtin_config_dir()
     if not root.is_dir():
         return []
     out = []
-    for path in sorted(root.rglob("*.yaml")):
+    for path in sorted(
+        root.glob("*/*.yaml")
+    ):  # <family>/<size>_<method>.yaml; deeper folders hold other YAML
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):

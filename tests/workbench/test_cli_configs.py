@@ -27,6 +27,8 @@ def configs_dir(tmp_path, monkeypatch):
     (root / "fam" / "1B_dpo.yaml").write_text(DPO)
     (root / "other").mkdir()
     (root / "other" / "plain.yaml").write_text("x: 1\n")
+    (root / "eval" / "tasks").mkdir(parents=True)
+    (root / "eval" / "tasks" / "task.yaml").write_text("task: not a run config\n")
     monkeypatch.setattr("engine.config._find.builtin_config_dir", lambda: root)
     monkeypatch.setattr("engine.config.builtin_config_dir", lambda: root)
     recipe = types.ModuleType("engine.recipes.toyrecipe")
@@ -78,6 +80,7 @@ def test_ls_groups_by_recipe(configs_dir, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line for line in lines if not line.startswith(" ")] == ["dpo", "toyrecipe", "(no launch line)"]
     assert lines[1].split()[0] == "fam/1B_dpo" and lines[3].split()[0] == "fam/1B_lora"
+    assert "eval/tasks/task" not in "\n".join(lines)  # deeper folders are not run configs
 
 
 def test_ls_empty(tmp_path, monkeypatch, capsys):
