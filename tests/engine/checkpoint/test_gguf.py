@@ -131,7 +131,7 @@ def test_unpermute_inverts_permute():
 
 
 # Max abs error allowed per storage type, relative to the weight's max abs value.
-TOLERANCE = {"F32": 0.0, "F16": 1e-3, "Q8_0": 1e-2, "Q4_0": 0.15, "Q4_1": 0.1}
+TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2, "Q5_0": 0.08, "Q4_0": 0.15, "Q4_1": 0.1}
 
 
 @pytest.mark.parametrize("qtype", list(TOLERANCE))
