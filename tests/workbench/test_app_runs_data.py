@@ -266,7 +266,7 @@ async def test_models_download_without_a_hub_is_one_clear_line(tunebench_home, m
         prompt = await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen) and app.screen)
         prompt.query_one("#text").value = "Qwen/Qwen3-0.6B"
         await pilot.press("enter")
-        status = models.query_one("#models-status")
+        status = models.query_one("#download-status")
         await wait_for(pilot, lambda: "cannot download" in str(status.render()), 60, "offline message")
         text = str(status.render())
         assert "Qwen/Qwen3-0.6B" in text and "TUNEBENCH_HOME/models" in text and "\n" not in text

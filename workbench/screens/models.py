@@ -65,8 +65,8 @@ class ModelsScreen(Screen):
     ModelsScreen #download-bar {
         height: 1;
     }
-    ModelsScreen #models-status {
-        height: 1;
+    ModelsScreen #models-status, ModelsScreen #download-status {
+        height: auto;
         padding: 0 1;
     }
     """
@@ -76,6 +76,7 @@ class ModelsScreen(Screen):
         yield DataTable(id="cards", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="local", cursor_type="row", zebra_stripes=True)
         yield ProgressBar(total=None, id="download-bar", show_eta=True)
+        yield Label("", id="download-status")
         yield Label("", id="models-status")
         yield Footer()
 
@@ -159,8 +160,10 @@ class ModelsScreen(Screen):
     def on_action_done(self, message: ActionDone) -> None:
         if message.action == "download":
             self.query_one("#download-bar").display = False
+            self.query_one("#download-status", Label).update(message.text)
             self.load()
-        self.query_one("#models-status", Label).update(message.text)
+        else:
+            self.query_one("#models-status", Label).update(message.text)
         self.notify(message.text, severity="information" if message.ok else "error", timeout=8)
 
     def action_back(self) -> None:
