@@ -1,0 +1,51 @@
+"""A tiny random Llama (2 layers, 64 dims) with the real Llama-3 tokenizer, saved by transformers,
+shared by the evaluation tests; torch runs on one thread (small ops on a loaded 2-core machine are
+many times slower with two)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _offline_one_thread(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, request) -> str:
+    """HF folder: LlamaForCausalLM (vocab 128,256, 2 layers, 64 dims, context 512) + tokenizer files."""
+    transformers = pytest.importorskip("transformers")
+    tok_dir = Path(__file__).resolve().parents[3].parent / "shared" / "assets" / "tokenizers" / "llama3"
+    if not tok_dir.is_dir():
+        pytest.skip(f"{tok_dir} is absent (tests that need the shared assets skip without it)")
+    out = tmp_path_factory.mktemp("eval_tiny") / "llama"
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,  # well-separated logits: greedy choices are not near-ties
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(out)
+    for name in os.listdir(tok_dir):
+        shutil.copy(tok_dir / name, out / name)
+    return str(out)
