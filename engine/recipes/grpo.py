@@ -39,6 +39,7 @@ from engine.recipes._common import (
     set_seed,
 )
 from engine.rl.policy import build_model, rank_world
+from engine.rl.rollout import Rollout, generate_and_score, score  # noqa: F401 - score re-exported
 
 CONFIG_KEYS: dict[str, str] = {
     "output_dir": "run folder (checkpoints, samples.jsonl)",
@@ -99,21 +100,6 @@ def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id
         if c:
             labels[r, len(p) - 1 : len(row) - 1] = torch.tensor(list(c))
     return tokens, labels, labels != -100
-
-
-def score(reward_nodes: dict, weights: dict, completions: list[str], answers: list[str], prompts: list[str]):
-    """`(total [R] fp32, {name: [R]})`: every reward component called through `instantiate`."""
-    per = {}
-    for name, node in reward_nodes.items():
-        values = instantiate(node, completions=completions, answers=answers, prompts=prompts)
-        if len(values) != len(completions):
-            raise ConfigError(
-                f"rewards.{name}: returned {len(values)} values for {len(completions)} completions — return one each",
-                field=f"rewards.{name}",
-            )
-        per[name] = torch.tensor([float(v) for v in values], dtype=torch.float32)
-    total = sum(float(weights.get(n, 1.0)) * v for n, v in per.items())
-    return total, per
 
 
 class GRPORecipe:
@@ -276,30 +262,16 @@ class GRPORecipe:
         self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
 
     # ------------------------------------------------------------------------------------ one step
-    def rollout(self, prompts: list[list[int]], answers: list[str]) -> dict:
-        """Sample G completions per prompt and score them: the step's rollouts (CPU tensors + texts)."""
-        from engine.generation import generate
-
-        G = self.group_size
-        rep_prompts = [p for p in prompts for _ in range(G)]
-        rep_answers = [a for a in answers for _ in range(G)]
-        t0 = time.perf_counter()
-        out = generate(
-            self.model, rep_prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-            top_k=self.cfg.get("top_k"), top_p=self.cfg.get("top_p"), stop_tokens=self.stop_tokens,
-            pad_id=self.tokenizer.pad_id, generator=self.generator,
+    def rollout(self, prompts: list[list[int]], answers: list[str]) -> Rollout:
+        """Sample G completions per prompt with the current policy and score them."""
+        return generate_and_score(
+            self.model, self.tokenizer, prompts, answers, group_size=self.group_size,
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop_tokens=self.stop_tokens,
+            generator=self.generator, reward_nodes=self.reward_nodes, reward_weights=self.reward_weights,
+            top_k=self.cfg.get("top_k"), top_p=self.cfg.get("top_p"), version=self.global_step,
         )  # fmt: skip
-        gen_time = time.perf_counter() - t0
-        completions = [list(c) for c in out.completions]
-        texts = [self.tokenizer.decode(c) for c in completions]
-        prompt_texts = [self.tokenizer.decode(p) for p in rep_prompts]
-        total, per = score(self.reward_nodes, self.reward_weights, texts, rep_answers, prompt_texts)
-        return {
-            "prompts": rep_prompts, "completions": completions, "texts": texts, "prompt_texts": prompt_texts,
-            "answers": rep_answers, "rewards": total, "per_reward": per, "gen_time": gen_time,
-        }  # fmt: skip
 
-    def train_on(self, ro: dict) -> dict[str, float]:
+    def train_on(self, ro: Rollout) -> dict[str, float]:
         """Advantages, old/reference log-probs, then `ppo_epochs` x minibatch optimizer steps."""
         from engine.modules.loss import group_advantages
         from engine.rl.logprobs import token_logprobs
@@ -307,9 +279,9 @@ class GRPORecipe:
         from engine.training import clip_grad_norm
 
         adv = group_advantages(
-            ro["rewards"], self.group_size, scale_by_std=bool(self.cfg.get("scale_rewards", True))
+            ro.rewards, self.group_size, scale_by_std=bool(self.cfg.get("scale_rewards", True))
         )
-        tokens, labels, mask = rollout_batch(ro["prompts"], ro["completions"], self.tokenizer.pad_id)
+        tokens, labels, mask = rollout_batch(ro.prompts, ro.completions, self.tokenizer.pad_id)
         tokens, labels, mask, adv = (t.to(self.device) for t in (tokens, labels, mask, adv))
         lp = {"temperature": self.temperature}
         with torch.no_grad():
@@ -349,7 +321,7 @@ class GRPORecipe:
                 n += 1
         return {k: v / n for k, v in sums.items()}
 
-    def _log_samples(self, ro: dict) -> None:
+    def _log_samples(self, ro: Rollout) -> None:
         k = int(self.cfg.get("num_samples_to_log", 4))
         if k <= 0:
             return
@@ -358,21 +330,44 @@ class GRPORecipe:
             json.dumps(
                 {
                     "step": self.global_step,
-                    "prompt": ro["prompt_texts"][i],
-                    "completion": ro["texts"][i],
-                    "answer": ro["answers"][i],
-                    "reward": float(ro["rewards"][i]),
+                    "prompt": ro.prompt_texts[i],
+                    "completion": ro.texts[i],
+                    "answer": ro.answers[i],
+                    "reward": float(ro.rewards[i]),
                 }
             )  # fmt: skip
-            for i in range(min(k, len(ro["texts"])))
+            for i in range(min(k, len(ro.texts)))
         ]
         with open(self.output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")  # whole lines in one write
 
-    def train(self) -> int:
-        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+    def step_on(self, ro: Rollout, t0: float, extra: dict | None = None) -> dict[str, float]:
+        """Train on one rollout, advance `global_step`, log the step's metrics and samples."""
         from engine.training import memory_stats
 
+        train_stats = self.train_on(ro)
+        self.global_step += 1
+        lengths = torch.tensor([len(c) for c in ro.completions], dtype=torch.float32)
+        metrics = {
+            "reward/mean": float(ro.rewards.mean()),
+            "reward/std": float(ro.rewards.std()) if len(ro.rewards) > 1 else 0.0,
+            **{f"rewards/{k}": float(v.mean()) for k, v in ro.per_reward.items()},
+            **train_stats,
+            "completion_length": float(lengths.mean()),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "rollout_tokens_per_sec": float(lengths.sum()) / max(ro.gen_time, 1e-9),
+            "step_time": time.perf_counter() - t0,
+            "epoch": self.epoch,
+            **(extra or {}),
+        }
+        self.logger.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+        self.history.append(metrics)
+        self._log_samples(ro)
+        self.logger.set_progress(self.global_step, self.total_steps)
+        return metrics
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
         log = self.logger
         log.set_progress(self.global_step, self.total_steps)
         while self.epoch < self.epochs and self.global_step < self.total_steps:
@@ -383,24 +378,8 @@ class GRPORecipe:
                 t0 = time.perf_counter()
                 self.model.train()
                 ro = self.rollout(batch["prompts"], batch["answers"])
-                train_stats = self.train_on(ro)
                 self.batches_in_epoch += 1
-                self.global_step += 1
-                lengths = torch.tensor([len(c) for c in ro["completions"]], dtype=torch.float32)
-                metrics = {
-                    "reward/mean": float(ro["rewards"].mean()),
-                    "reward/std": float(ro["rewards"].std()) if len(ro["rewards"]) > 1 else 0.0,
-                    **{f"rewards/{k}": float(v.mean()) for k, v in ro["per_reward"].items()},
-                    **train_stats,
-                    "completion_length": float(lengths.mean()),
-                    "lr": float(self.optimizer.param_groups[0]["lr"]),
-                    "rollout_tokens_per_sec": float(lengths.sum()) / max(ro["gen_time"], 1e-9),
-                    "step_time": time.perf_counter() - t0,
-                    "epoch": self.epoch,
-                }
-                log.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
-                self.history.append(metrics)
-                self._log_samples(ro)
+                self.step_on(ro, t0)
                 log.set_progress(self.global_step, self.total_steps)
                 stop = self.stop.requested
                 if self.batches_in_epoch >= self.steps_per_epoch:

@@ -1,0 +1,301 @@
+"""GRPO, asynchronous on Ray: generator actors sample while the trainer trains.
+
+    python -m engine.recipes.grpo_async --config configs/demo/digit_successor_grpo_async.yaml
+    python -m engine.recipes.grpo_async --config configs/demo/digit_successor_grpo_async.yaml ray_address=auto
+
+`num_generators` Ray actors each hold a copy of the policy and turn batches of prompts into scored
+rollouts (engine.rl.rollout, the same code the synchronous recipe runs). Rollouts go into a replay
+buffer; the trainer takes the oldest usable one, trains on it exactly as synchronous GRPO does
+(`GRPORecipe.step_on`) and pushes its weights to every generator each `weight_sync_every` steps.
+
+Staleness: a rollout sampled with the weights of step v may train step t only if t - v <=
+`max_staleness`; the trainer also refuses to hand out work that would end up staler (so little is
+wasted); what still is gets dropped and its prompts are sampled again with newer weights. `max_staleness: 0` (with `weight_sync_every: 1`) generates each
+rollout with the current weights only after the previous step: synchronous GRPO, the same numbers
+(tested). Larger bounds overlap generation with training (see docs/BENCHMARKS.md).
+
+Ray: without `ray_address` a local Ray instance is started (and stopped at the end); on a cluster
+start Ray on each node (`ray start --head` on one, `ray start --address=HEAD:6379` on the others) and
+pass `ray_address=auto` (or `HEAD:6379`) so the recipe joins it with `ray.init(address=...)`; the repo
+must be importable on every node (same path, or an installed package). A generator whose process dies
+is restarted by Ray; the trainer re-sends the weights and the lost request, and logs `actor_restarts`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from engine.config import ConfigError, load_config
+from engine.recipes._common import parse_recipe_args
+from engine.recipes.grpo import CALL_SITE_ARGS, GRPORecipe, LossIsNaN  # noqa: F401 - CALL_SITE_ARGS for validate
+from engine.recipes.grpo import CONFIG_KEYS as _SYNC_KEYS
+from engine.rl.buffer import ReplayBuffer
+
+CONFIG_KEYS: dict[str, str] = {
+    **_SYNC_KEYS,
+    "num_generators": "Ray generator actors sampling rollouts in parallel with the trainer",
+    "max_staleness": "most trainer steps a rollout's weights may lag behind (0: synchronous GRPO)",
+    "weight_sync_every": "push the trainer's weights to the generators every K steps (<= max_staleness + 1)",
+    "ray_address": "null: start a local Ray; 'auto' or HOST:PORT: join that cluster (ray.init(address=...))",
+    "generator_num_cpus": "CPUs Ray reserves per generator actor",
+    "generator_threads": "torch threads inside each generator",
+    "buffer_capacity": "rollouts the replay buffer holds at most (oldest dropped first)",
+}
+
+
+class AsyncGRPORecipe(GRPORecipe):
+    """GRPO with Ray generator actors; training, logging and checkpoints are `GRPORecipe`'s.
+
+    Raises ConfigError for bad staleness/sync settings or an unreachable Ray cluster.
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        super().__init__(cfg, dist_info=dist_info)
+        self.num_generators = int(cfg.get("num_generators", 2))
+        self.max_staleness = int(cfg.get("max_staleness", 1))
+        self.sync_every = int(cfg.get("weight_sync_every", 1))
+        if self.num_generators < 1:
+            raise ConfigError(
+                f"num_generators: must be >= 1, got {self.num_generators}", field="num_generators"
+            )
+        if self.sync_every < 1 or self.sync_every > self.max_staleness + 1:
+            raise ConfigError(
+                f"weight_sync_every: must be between 1 and max_staleness + 1 = {self.max_staleness + 1} "
+                f"(got {self.sync_every}); otherwise every rollout would be too stale",
+                field="weight_sync_every",
+            )
+        self.buffer = ReplayBuffer(self.max_staleness, int(cfg.get("buffer_capacity", 64)))
+        self.actor_restarts = 0
+        self.step_callbacks: list = []  # called with the recipe after each step (tests inject faults)
+        self._started_ray = False
+
+    # ------------------------------------------------------------------------------------ Ray
+    def setup(self) -> None:
+        super().setup()
+        import ray
+
+        from engine.rl.actors import remote_generator_class
+
+        address = self.cfg.get("ray_address")
+        if not ray.is_initialized():
+            repo = str(Path(__file__).resolve().parents[2])
+            env = {"PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
+            try:
+                if address:
+                    ray.init(address=str(address), runtime_env={"env_vars": env}, log_to_driver=False)
+                else:
+                    cpus = max(
+                        os.cpu_count() or 1,
+                        int(self.num_generators * float(self.cfg.get("generator_num_cpus", 1))),
+                    )
+                    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                             runtime_env={"env_vars": env})  # fmt: skip
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(
+                    f"ray_address: cannot join Ray at {address!r} ({str(exc).splitlines()[0]}) — start it with "
+                    "`ray start --head` or set ray_address=null for a local instance",
+                    field="ray_address",
+                ) from None
+            self._started_ray = True
+        actor_cls = remote_generator_class(float(self.cfg.get("generator_num_cpus", 1)))
+        tok_node = dict(self.cfg["tokenizer"])
+        if str(tok_node.get("path")) == "demo":
+            from engine.recipes._common import resolve_model_dir
+
+            tok_node["path"] = str(resolve_model_dir("demo"))
+        settings = {
+            "group_size": self.group_size, "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_k": self.cfg.get("top_k"), "top_p": self.cfg.get("top_p"), "stop_tokens": self.stop_tokens,
+        }  # fmt: skip
+        self.actors = [
+            actor_cls.remote(
+                self.cfg["model"],
+                tok_node,
+                self.reward_nodes,
+                self.reward_weights,
+                settings,
+                self.seed + 1 + 1000 * i,
+                list(self.cfg.get("allowed_components") or []),
+                int(self.cfg.get("generator_threads", 1)),
+            )  # fmt: skip
+            for i in range(self.num_generators)
+        ]
+        self.actor_version = [-1] * self.num_generators
+        self._full_pushed = [False] * self.num_generators
+        self.push_weights()
+
+    def _state(self, full: bool) -> dict[str, torch.Tensor]:
+        """CPU copies of the policy's weights: all of them, or only the trained ones (LoRA pushes)."""
+        if full or not self.is_lora:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return {
+            k: v.detach().to("cpu", copy=True) for k, v in self.model.named_parameters() if v.requires_grad
+        }
+
+    def push_weights(self, only: list[int] | None = None) -> None:
+        """Send the current weights (version = global_step) to the generators (queued behind their work)."""
+        import ray
+
+        refs = {}
+        for i in only if only is not None else range(self.num_generators):
+            full = not self._full_pushed[i]
+            if full not in refs:
+                refs[full] = ray.put(self._state(full))
+            self.actors[i].set_weights.remote(refs[full], self.global_step)
+            self._full_pushed[i] = True
+            self.actor_version[i] = self.global_step
+
+    # ------------------------------------------------------------------------------------ loop
+    def _prompt_batches(self):
+        """`(epoch, index_in_epoch, batch)` from the current data position to the run's end."""
+        epoch, skip = self.epoch, self.batches_in_epoch
+        while epoch < self.epochs:
+            self.sampler.set_epoch(epoch, skip=skip)
+            for i, batch in enumerate(self.loader, start=skip):
+                if i >= self.steps_per_epoch:
+                    break
+                yield epoch, i, batch
+            epoch, skip = epoch + 1, 0
+
+    def train(self) -> int:
+        """Run to `total_steps` trained steps (0), or to a SIGTERM (checkpoint, 0)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        batches = self._prompt_batches()
+        requeued: deque = deque()
+        inflight: dict = {}  # ObjectRef -> (actor index, (epoch, index, batch), version pushed before it)
+        busy: set[int] = set()
+        exhausted = False
+        wait_time = 0.0
+        while self.global_step < self.total_steps:
+            # Hand out work to idle generators while the result could still be fresh enough.
+            for i in range(self.num_generators):
+                if i in busy or exhausted and not requeued:
+                    continue
+                ahead = len(self.buffer) + len(inflight)
+                if self.global_step + ahead - self.actor_version[i] > self.max_staleness:
+                    continue
+                item = requeued.popleft() if requeued else next(batches, None)
+                if item is None:
+                    exhausted = True
+                    continue
+                epoch, index, batch = item
+                meta = {"epoch": epoch, "index": index, "batch": batch}
+                ref = self.actors[i].rollout.remote(batch["prompts"], batch["answers"], meta)
+                inflight[ref] = (i, item, self.actor_version[i])  # the weights it must at least have
+                busy.add(i)
+            ro = self.buffer.pop(self.global_step)
+            for stale in self.buffer.drain_dropped():  # their prompts are sampled again with newer weights
+                requeued.append((stale.meta["epoch"], stale.meta["index"], stale.meta["batch"]))
+            if ro is None:
+                if not inflight:
+                    if exhausted and not requeued:
+                        break  # the data ran out (stale rollouts were dropped)
+                    self.push_weights()  # every generator is too far behind: refresh them
+                    continue
+                t_wait = time.perf_counter()
+                ready, _ = ray.wait(list(inflight), num_returns=1)
+                wait_time += time.perf_counter() - t_wait
+                i, item, expected = inflight.pop(ready[0])
+                busy.discard(i)
+                try:
+                    result = ray.get(ready[0])
+                except RayActorError:
+                    result = None
+                if result is None or result.version < expected:
+                    # Ray restarted the actor (a fresh process with random weights; a push sent while it
+                    # was down is lost): re-send the weights and the request.
+                    self.actor_restarts += 1
+                    log.event(
+                        self.global_step, "actor_restart", f"generator {i} died; restarted, request re-sent"
+                    )
+                    self._full_pushed[i] = False
+                    self._wait_alive(i)
+                    self.push_weights(only=[i])
+                    requeued.appendleft(item)
+                else:
+                    self.buffer.put(result)
+                continue
+            t0 = time.perf_counter()
+            self.model.train()
+            self.epoch, self.batches_in_epoch = ro.meta["epoch"], ro.meta["index"] + 1
+            extra = {
+                "staleness": float(self.global_step - ro.version), "buffer_dropped": float(self.buffer.dropped),
+                "actor_restarts": float(self.actor_restarts), "trainer_wait_time": wait_time,
+            }  # fmt: skip
+            wait_time = 0.0
+            self.step_on(ro, t0, extra)
+            if self.global_step % self.sync_every == 0:
+                self.push_weights()
+            for callback in self.step_callbacks:
+                callback(self)
+            stop = self.stop.requested
+            if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                self.save_checkpoint()
+            if stop:
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        self.save_checkpoint()
+        return 0
+
+    def _wait_alive(self, i: int, timeout_s: float = 120.0) -> None:
+        """Block until generator `i` answers again after a restart (RuntimeError after `timeout_s`)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(self.actors[i].get_version.remote(), timeout=timeout_s)
+                return
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"generator {i} did not come back within {timeout_s:.0f} s") from None
+                time.sleep(0.5)
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        if self._started_ray:
+            import ray
+
+            for actor in getattr(self, "actors", []):
+                ray.kill(actor, no_restart=True)
+            ray.shutdown()
+
+
+def recipe_main(argv: list[str] | None = None) -> int:
+    """Entry point: `--config FILE [overrides]`."""
+    from engine.recipes.dpo import check_config
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.grpo_async")
+    code, recipe = 0, None
+    try:
+        cfg = load_config(config_path, overrides)
+        check_config(cfg, recipe="grpo_async")
+        recipe = AsyncGRPORecipe(cfg, dist_info=init_distributed())
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"grpo_async: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    recipe_main()
