@@ -162,7 +162,16 @@ def generate(
         mask = (causal[None] & key_valid[:, None, :]) | (q[:, None] == slots[None, :])[None]  # [B,P,L]
         positions = (q[None, :] - pad_len[:, None]).clamp(min=0)  # [B,P]
         if use_cache:
-            logits = _last_logits(model, tokens, position_ids=positions, mask=mask, input_pos=q)
+            # Repeated prompts (GRPO groups: G samples per prompt) are prefilled once; their cache rows
+            # are then copied to every row that shares them.
+            first, inverse = _unique_rows(prompts, device)
+            if first.numel() < batch:
+                logits = _last_logits(
+                    model, tokens[first], position_ids=positions[first], mask=mask[first], input_pos=q
+                )[inverse]
+                _expand_caches(model, inverse)
+            else:
+                logits = _last_logits(model, tokens, position_ids=positions, mask=mask, input_pos=q)
         else:
             logits = _last_logits(model, tokens, position_ids=positions, mask=mask[:, :, :prompt_slots])
         seq = tokens
@@ -220,6 +229,29 @@ def generate(
         stopped=done,
         logprobs=None if logprobs is None else logprobs[:, :steps],
     )
+
+
+def _unique_rows(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`first [U]`: index of the first row of each distinct prompt; `inverse [B]`: each row's distinct prompt."""
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        inverse.append(seen[key])
+    return torch.tensor(first, device=device), torch.tensor(inverse, device=device)
+
+
+def _expand_caches(model: nn.Module, inverse: torch.Tensor) -> None:
+    """Cache rows `0..U-1` (one per distinct prompt) -> rows `0..B-1`, row b taking `inverse[b]`."""
+    b = inverse.numel()
+    for layer in model.layers:
+        cache = layer.attn.kv_cache
+        cache.k_cache[:b] = cache.k_cache.index_select(0, inverse)
+        cache.v_cache[:b] = cache.v_cache.index_select(0, inverse)
 
 
 def _compact_caches(model: nn.Module, keep: torch.Tensor) -> None:

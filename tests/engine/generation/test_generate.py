@@ -190,3 +190,24 @@ def test_finished_rows_leave_the_batch(llama):
         assert completion == free.completions[r][: len(completion)]
         assert out.stopped[r] == (completion[-1] in stops)
     assert widths == sorted(widths, reverse=True) and widths[-1] < len(PROMPTS)
+
+
+def test_repeated_prompts_are_prefilled_once(llama, monkeypatch):
+    """GRPO groups repeat each prompt; the prefill runs on distinct prompts only, results unchanged."""
+    _, model = llama
+    group = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[1], PROMPTS[0]]
+    expected = generate(model, group, max_new_tokens=8, use_cache=False)
+    calls = []
+    original = model.forward_hidden
+
+    def recording(tokens, **kwargs):
+        calls.append(tokens.shape)
+        return original(tokens, **kwargs)
+
+    monkeypatch.setattr(model, "forward_hidden", recording)
+    out = generate(model, group, max_new_tokens=8)
+    assert calls[0] == (2, len(PROMPTS[0]))  # prefill: 2 distinct prompts, not 5 rows
+    assert calls[1][0] == 5  # decoding: every row
+    assert torch.equal(out.tokens, expected.tokens)
+    sampled = generate(model, group, max_new_tokens=8, temperature=1.0, seed=0)
+    assert sampled.tokens.shape == (5, 8)
