@@ -26,6 +26,9 @@ from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.yaml_view import YamlView
 
 
+DEFAULT_CONFIG = "demo/smollm2_135m_lora"  # the embedded demo: opens first when no config is given
+
+
 class RecipeScreen(Screen):
     """Recipe: configure a run, check its memory estimate, validate, export and launch it."""
 
@@ -146,7 +149,10 @@ class RecipeScreen(Screen):
             elif self.start_config or choices:
                 from engine.config import find_config
 
-                path = find_config(self.start_config) if self.start_config else Path(choices[0][1])
+                default = next(
+                    (v for n, v in choices if n == DEFAULT_CONFIG), choices[0][1] if choices else None
+                )
+                path = find_config(self.start_config) if self.start_config else Path(default)
                 start = (path.read_text(encoding="utf-8"), {"path": str(path)}, None, None)
         except Exception as exc:
             self.post_message(ActionDone("load", str(exc), ok=False))

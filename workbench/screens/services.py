@@ -345,6 +345,8 @@ def estimate_config(cfg: dict[str, Any], nproc: int = 1, *, overhead: bool = Fal
     elif all(node.get(k) for k in ("num_layers", "embed_dim", "vocab_size")):
         card = card_with_overrides({}, node)  # a builder called with every size: no card needed
     else:
+        if not source:
+            raise UserError("no estimate: the config has no `model` component to size")
         found = model_card(source, node)
         if found is None:
             raise UserError(f"no model card for {source!r}: the estimate needs the model's shape")
