@@ -25,7 +25,6 @@ from workbench.screens.recipe_options import KNOBS, get_path, knob_key, method_o
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.yaml_view import YamlView
 
-
 DEFAULT_CONFIG = "demo/smollm2_135m_lora"  # the embedded demo: opens first when no config is given
 
 
