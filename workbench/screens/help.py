@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Markdown
+from textual.widgets import Static
 
 GLOBAL_KEYS = [
     ("?", "this help"),
@@ -17,18 +20,9 @@ GLOBAL_KEYS = [
 ]
 
 
-def help_markdown(screen: Screen) -> str:
-    """Markdown: the screen's purpose (its docstring's first paragraph) and its key bindings."""
-    doc = (type(screen).__doc__ or "").strip().split("\n\n")[0]
-    lines = [
-        f"# {getattr(screen, 'TITLE', None) or type(screen).__name__}",
-        "",
-        doc,
-        "",
-        "| key | action |",
-        "|---|---|",
-    ]
-    seen = set()
+def screen_keys(screen: Screen) -> list[tuple[str, str]]:
+    """(key, action) pairs of a screen's bindings that have a description, in declaration order."""
+    out, seen = [], set()
     for binding in getattr(screen, "BINDINGS", []):
         if isinstance(binding, Binding):
             key, desc = binding.key_display or binding.key, binding.description
@@ -37,10 +31,26 @@ def help_markdown(screen: Screen) -> str:
         if key in seen or not desc:
             continue
         seen.add(key)
-        lines.append(f"| `{key}` | {desc} |")
-    lines += ["", "## everywhere", "", "| key | action |", "|---|---|"]
-    lines += [f"| `{k}` | {d} |" for k, d in GLOBAL_KEYS]
-    return "\n".join(lines)
+        out.append((key.replace("slash", "/").replace(",", " / "), desc))
+    return out
+
+
+def help_table(screen: Screen) -> Group:
+    """The screen's purpose (its docstring's first paragraph) and two compact tables of keys."""
+    doc = " ".join((type(screen).__doc__ or "").strip().split("\n\n")[0].split())
+    parts: list = [
+        Text(getattr(screen, "TITLE", None) or type(screen).__name__, style="bold"),
+        Text(doc),
+        Text(""),
+    ]
+    for title, rows in (("this screen", screen_keys(screen)), ("everywhere", GLOBAL_KEYS)):
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for key, desc in rows:
+            table.add_row(key, desc)
+        parts += [Text(title, style="bold underline"), table, Text("")]
+    return Group(*parts)
 
 
 class HelpScreen(ModalScreen):
@@ -53,7 +63,9 @@ class HelpScreen(ModalScreen):
     HelpScreen > VerticalScroll {
         width: 80%;
         max-width: 90;
-        height: 80%;
+        height: auto;
+        max-height: 90%;
+        padding: 1 2;
         border: thick $primary;
         background: $surface;
     }
@@ -68,4 +80,4 @@ class HelpScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Markdown(help_markdown(self.under))
+            yield Static(help_table(self.under))
