@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,7 +61,7 @@ def test_encode_batch_matches_encode(tok_dir):
     assert tok.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.text(max_size=80))
 def test_random_text_ids_equal_library(text):
     from pathlib import Path
@@ -71,7 +73,10 @@ def test_random_text_ids_equal_library(text):
         pytest.skip("shared assets absent")
     tok, ref = _cached(path)
     assert tok.encode(text, add_bos=False, add_eos=False) == ref.encode(text, add_special_tokens=False).ids
-    assert tok.decode(tok.encode(text, add_eos=False), skip_special_tokens=False) == text
+    # Qwen's tokenizer.json normalises to NFC, so the round trip gives the NFC form of the text.
+    assert tok.decode(tok.encode(text, add_eos=False), skip_special_tokens=False) == unicodedata.normalize(
+        "NFC", text
+    )
 
 
 _CACHE: dict = {}
