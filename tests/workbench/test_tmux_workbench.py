@@ -89,8 +89,7 @@ def test_launch_demo_quit_reopen_still_running(tunebench_home, tmp_path):
         (tmp_path / "demo_light.yaml").write_text(
             dump_config(demo, header="tunebench run sft --config demo_light.yaml")
         )
-        # Type only once the first memory estimate is shown: keys sent to a real terminal while the
-        # estimate worker first builds the model cards (seconds of CPU) were seen to get lost.
+        # Type once the screen has settled (its first memory estimate is shown).
         tmux.wait(r"total\s+[\d.]+ GiB", 300)
         tmux.keys("C-o")
         time.sleep(1)
