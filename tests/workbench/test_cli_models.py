@@ -207,3 +207,50 @@ def test_stream_writes_the_completion_once(tiny_dir, capsys):
     text = tok.decode(out.completions[0])
     stream.finish(text)
     assert capsys.readouterr().out == text + "\n"
+
+
+def test_download_writes_into_the_registry(capsys, tunebench_home, monkeypatch, tiny_dir):
+    """The Hub is unreachable here, so `snapshot_download` is replaced by a stand-in that copies a model
+    folder where it is asked to; the test checks what the command asks for and where the model lands."""
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, *, local_dir, allow_patterns, revision=None, endpoint=None):
+        calls.append((repo_id, revision, allow_patterns))
+        shutil.copytree(tiny_dir[0], local_dir, dirs_exist_ok=True)  # a resumed download adds to the folder
+        return str(local_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    assert main(["download", "Org/Tiny-Model", "--revision", "v1"]) == 0
+    target = tunebench_home / "models" / "Org--Tiny-Model"
+    assert (target / "config.json").is_file()
+    repo_id, revision, patterns = calls[0]
+    assert (repo_id, revision) == ("Org/Tiny-Model", "v1")
+    assert "*.safetensors" in patterns and "*.bin" not in patterns  # no duplicate pickle weights
+    capsys.readouterr()
+    assert main(["models", "--local", "--json"]) == 0
+    local = {m["name"]: m for m in json.loads(capsys.readouterr().out)["local"]}
+    assert local["Org--Tiny-Model"]["path"] == str(target)
+    assert main(["generate", "Org--Tiny-Model", "the", "--max-new-tokens", "2"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "needle"), [("GatedRepoError", "gated repository"), ("RepositoryNotFoundError", "not found")]
+)
+def test_download_hub_refusals_are_one_line(capsys, tunebench_home, monkeypatch, error, needle):
+    import importlib
+
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    http = importlib.import_module(errors.Response.__module__.split(".")[0])  # the HTTP library the Hub uses
+
+    def refuse(repo_id, **kwargs):
+        request = http.Request("GET", f"https://huggingface.co/api/models/{repo_id}")
+        raise getattr(errors, error)("refused", response=errors.Response(401, request=request))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    assert main(["download", "Org/Private"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "HF_TOKEN" in err[0]
