@@ -129,6 +129,8 @@ class AsyncGRPORecipe(GRPORecipe):
         self.actor_version = [-1] * self.num_generators
         self._full_pushed = [False] * self.num_generators
         self.push_weights()
+        # Wait until every generator is built and holds the weights (start-up errors surface here).
+        ray.get([a.get_version.remote() for a in self.actors])
 
     def _state(self, full: bool) -> dict[str, torch.Tensor]:
         """CPU copies of the policy's weights: all of them, or only the trained ones (LoRA pushes)."""

@@ -9,7 +9,7 @@ projects both to the vocabulary a chunk of tokens at a time: `(1 - kd_ratio) * C
 (forward, reverse or symmetric), never holding either model's `[B,S,V]` logits. The student is full
 or LoRA (a `lora_*` builder). The step's loss is the token mean over all its micro-batches.
 
-Logged per step: `loss`, `kd_loss`, `ce_loss`, `lr`, `grad_norm`, `tokens_per_sec`, memory. One process.
+Logged per step: `loss`, `loss/kd` (the KL term), `loss/ce`, `lr`, `grad_norm`, `tokens_per_sec`, memory. One process.
 Exit codes as in SFT: 0 done or stopped by SIGTERM (checkpoint first), 1 NaN loss, 2 bad config.
 """
 
@@ -259,7 +259,7 @@ class KDRecipe:
                 step_in_epoch += 1
                 self.tokens_total += step_tokens
                 metrics = {
-                    "loss": step_loss, "kd_loss": sums[1] / total, "ce_loss": sums[2] / total, "lr": float(lr),
+                    "loss": step_loss, "loss/kd": sums[1] / total, "loss/ce": sums[2] / total, "lr": float(lr),
                     "grad_norm": float(gn), "tokens_per_sec": step_tokens / max(time.perf_counter() - t0, 1e-9),
                     "tokens_total": self.tokens_total, "epoch": self.epoch,
                 }  # fmt: skip

@@ -45,11 +45,11 @@ def run(cfg):
 
 def test_kl_to_teacher_falls(shared_assets, tmp_path):
     recipe = run(kd_config(shared_assets, tmp_path))
-    kd = [h["kd_loss"] for h in recipe.history]
+    kd = [h["loss/kd"] for h in recipe.history]
     assert len(kd) == 8
     assert sum(kd[-2:]) / 2 < 0.7 * sum(kd[:2]) / 2, kd
     h = recipe.history[-1]
-    assert h["loss"] == pytest.approx(0.9 * h["kd_loss"] + 0.1 * h["ce_loss"], rel=1e-5)
+    assert h["loss"] == pytest.approx(0.9 * h["loss/kd"] + 0.1 * h["loss/ce"], rel=1e-5)
     assert all(not p.requires_grad for p in recipe.teacher.parameters())
     assert (tmp_path / "checkpoints" / "step_8" / "model").is_dir()
 
