@@ -9,8 +9,9 @@ component: a plain builder trains every weight, a `lora_*` builder trains adapte
 
 The loss of an optimizer step is the mean over every non-ignored token of the step, whatever the
 split into ranks and micro-batches: each micro-batch contributes its token-loss SUM, and the
-gradients are scaled once by `world_size / tokens_in_step` before the update (FSDP2 averages over
-ranks). So 2 ranks x batch 2, 1 rank x batch 4 and 1 rank x batch 2 x accumulation 2 are the same run.
+gradients are scaled once by `dp_size / tokens_in_step` before the update (FSDP2 averages over
+the data-parallel ranks; tensor-parallel ranks share a batch). So 2 ranks x batch 2, 1 rank x
+batch 4 and 1 rank x batch 2 x accumulation 2 are the same run.
 
 Exit codes: 0 finished or stopped by SIGTERM (a checkpoint is written first), 1 loss became NaN/inf
 (`loss is nan at step N` on stderr; the last good checkpoint stays), 2 bad config (one line).
@@ -109,6 +110,15 @@ class SFTRecipe:
         self.cfg = cfg
         self.dist_info = dist_info
         self.rank, self.world_size = _rank_world()
+        # Tensor-parallel ranks share their batch: data is split over the `world / tp` data-parallel
+        # groups (mesh ("dp", "tp"), tp innermost, so rank = dp_rank * tp + tp_rank).
+        self.tp = int(cfg.get("tensor_parallel_dim", 1))
+        if self.tp < 1 or self.world_size % self.tp:
+            raise ConfigError(
+                f"tensor_parallel_dim: {self.tp} must divide the number of ranks ({self.world_size})",
+                field="tensor_parallel_dim",
+            )
+        self.dp_size, self.dp_rank = self.world_size // self.tp, self.rank // self.tp
         self.device = pick_device(cfg.get("device"))
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device  # one GPU per local rank
@@ -193,7 +203,7 @@ class SFTRecipe:
         ac = bool(cfg.get("enable_activation_checkpointing", False))
         every_k = int(cfg.get("ac_every_k", 1))
         fsdp_cfg = dict(cfg.get("fsdp") or {})
-        tp = int(cfg.get("tensor_parallel_dim", 1))
+        tp = self.tp
         model = parallelize(
             model,
             world_mesh=self._mesh(tp),
@@ -287,7 +297,7 @@ class SFTRecipe:
 
     def _loader(self, dataset: Dataset, *, shuffle: bool) -> DataLoader:
         sampler = EpochBatchSampler(
-            len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
+            len(dataset), batch_size=self.batch_size, world_size=self.dp_size, rank=self.dp_rank,
             seed=self.seed, shuffle=shuffle,
         )  # fmt: skip
         return DataLoader(
@@ -411,10 +421,10 @@ class SFTRecipe:
                 loss_tokens = (labels != -100).sum()
                 if self.optimizer_in_bwd:
                     # The update happens inside backward, so the step's normaliser is needed first.
-                    step_tokens = _all_reduce_sum(loss_tokens.detach().double().clone())
+                    step_tokens = _all_reduce_sum(loss_tokens.detach().double().clone()) / self.tp
                 loss_sum, per_token = self._token_losses(batch)
                 if self.optimizer_in_bwd:
-                    (loss_sum * (self.world_size / step_tokens.clamp(min=1).item())).backward()
+                    (loss_sum * (self.dp_size / step_tokens.clamp(min=1).item())).backward()
                 else:
                     loss_sum.backward()
                 stats[0] += loss_sum.detach().double()
@@ -432,7 +442,7 @@ class SFTRecipe:
 
                 # ---- one optimizer step -------------------------------------------------------
                 _all_reduce_sum(stats)
-                totals = stats.tolist()  # the step's one host sync
+                totals = (stats / self.tp).tolist()  # the step's one host sync; tp ranks counted once
                 step_loss = totals[0] / max(totals[1], 1.0)
                 if not math.isfinite(step_loss):
                     raise LossIsNaN(
@@ -440,7 +450,7 @@ class SFTRecipe:
                     )
                 grad_norm = None
                 if not self.optimizer_in_bwd:
-                    self._scale_grads(self.world_size / max(totals[1], 1.0))
+                    self._scale_grads(self.dp_size / max(totals[1], 1.0))
                     grad_norm = clip_grad_norm(
                         self.model.parameters(),
                         float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
@@ -515,6 +525,7 @@ class SFTRecipe:
             totals[0] += loss_sum.double()
             totals[1] += (batch["labels"] != -100).sum()
         _all_reduce_sum(totals)
+        totals /= self.tp
         self.model.train()
         val = (totals[0] / totals[1].clamp(min=1)).item()
         if self.rank == 0:
