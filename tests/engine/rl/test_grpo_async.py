@@ -6,14 +6,12 @@ The Ray tests share one local Ray instance (3 CPUs) started by a module fixture.
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-from test_grpo import grpo_config  # noqa: E402
+from tests.engine.recipes.test_grpo import grpo_config
 
 
 class _Ro:
