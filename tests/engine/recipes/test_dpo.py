@@ -109,3 +109,20 @@ def test_sequence_logps_equal_a_full_logits_reference():
         torch.gather(logp, -1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(labels == -100, 0)
     )
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(shared_assets, tmp_path):
+    from safetensors.torch import load_file
+
+    over = {"epochs": 1, "max_steps_per_epoch": 2, "save_every_n_steps": 1, "keep_last_n_checkpoints": 2}
+    full = run(dpo_config(shared_assets, tmp_path / "full", **over))
+    resumed = run(
+        dpo_config(
+            shared_assets, tmp_path / "resumed", resume=str(tmp_path / "full/checkpoints/step_1"), **over
+        )
+    )
+    assert [h["loss"] for h in resumed.history] == pytest.approx([full.history[1]["loss"]], rel=1e-6)
+    a = load_file(str(tmp_path / "full/checkpoints/step_2/model/model.safetensors"))
+    b = load_file(str(tmp_path / "resumed/checkpoints/step_2/model/model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)

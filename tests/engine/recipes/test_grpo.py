@@ -96,3 +96,15 @@ def test_user_reward_function_by_dotted_path_and_bad_reward(tmp_path):
         score({"evil": {"_component_": "os.system"}}, {}, ["x"], ["y"], ["z"])
     with pytest.raises(ConfigError, match="reward_weights"):
         run(grpo_config(tmp_path, reward_weights={"typo": 1.0}))
+
+
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """The sampling generator, data position, optimizer and weights are restored: steps 3-4 repeat."""
+    over = {"max_steps_per_epoch": 4, "save_every_n_steps": 2, "keep_last_n_checkpoints": 2}
+    full = run(grpo_config(tmp_path / "full", **over))
+    resumed = run(grpo_config(tmp_path / "resumed", resume=str(tmp_path / "full/checkpoints/step_2"), **over))
+    assert [h["reward/mean"] for h in resumed.history] == [h["reward/mean"] for h in full.history[2:]]
+    for (name, a), (_, b) in zip(
+        full.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
