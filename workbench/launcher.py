@@ -314,9 +314,10 @@ def clone(
     )
 
 
-def export(run_id: str, path: str | os.PathLike) -> Path:
+def export(run_id: str, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
     """Write the run's config as a standalone YAML that `tunebench run` accepts (launch line first,
-    `output_dir` removed: `tunebench run` sets it). Atomic; returns the path."""
+    `output_dir` removed: `tunebench run` sets it). Atomic; returns the path. With
+    `overwrite=False` an existing file is left alone and `UserError` is raised."""
     from engine.config import dump_config, parse_yaml
 
     with open_db() as db:
@@ -328,6 +329,8 @@ def export(run_id: str, path: str | os.PathLike) -> Path:
         raise UserError(f"{dest} is a folder: give a file name such as {dest / (run.name + '.yaml')}")
     if not dest.parent.is_dir():
         raise UserError(f"{dest.parent} does not exist: create it or choose another -o path")
+    if not overwrite and dest.exists():
+        raise UserError(f"{dest} already exists: choose another -o path, or add --force to replace it")
     header = (
         f"tunebench run {run.recipe} --config {dest.name}\n"
         f"exported from run {run.name} ({run.id}); by hand add output_dir=DIR"

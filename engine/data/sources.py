@@ -89,12 +89,18 @@ def load_rows(
                 )
             if not os.access(path, os.R_OK):
                 raise DataError(f"source {str(source)!r}: file is not readable; fix its permissions")
+            if _is_blank(path):
+                raise DataError(
+                    f"source {str(source)!r}: the file is empty; give a file with at least one row"
+                )
             extra = {"sample_by": sample_by} if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=str(path), split=split, **extra)
+            with _quiet_datasets():
+                ds = datasets.load_dataset(kind, data_files=str(path), split=split, **extra)
         elif path.is_dir():
             kind, files = _folder_files(path)
             extra = {"sample_by": sample_by} if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=files, split=split, **extra)
+            with _quiet_datasets():
+                ds = datasets.load_dataset(kind, data_files=files, split=split, **extra)
         elif (
             any(sep in str(source) for sep in ("./", "/.", "\\"))
             or str(source).startswith(("/", "~"))
@@ -115,15 +121,64 @@ def load_rows(
             raise DataError(
                 f"source {str(source)!r}: split {split!r} does not exist ({hint}; slices like 'train[:90%]' work)"
             ) from None
+        if "corresponds to no data" in str(exc):
+            raise DataError(
+                f"source {str(source)!r}: holds no rows; give data with at least one row"
+            ) from None
         raise DataError(
             f"source {str(source)!r}: cannot be read as a dataset ({str(exc).splitlines()[0][:300]})"
         ) from None
     except (
         Exception
     ) as exc:  # datasets raises many types (ArrowInvalid, DatasetNotFoundError, ConnectionError...)
+        if path.exists():  # a local file that does not parse: the parser's own words (row, column)
+            root = _root_cause(exc)
+            first = (str(root).strip().splitlines() or [type(root).__name__])[0][:300]
+            raise DataError(
+                f"source {str(source)!r}: cannot be read as {local_kind(path) or 'data'} "
+                f"({type(root).__name__}: {first}); fix the file's format"
+            ) from None
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise DataError(
             f"source {str(source)!r}: cannot be read as a dataset ({type(exc).__name__}: {first}); "
             "check the file's format, or that the Hub name and split exist and the Hub is reachable"
         ) from None
     return ds.to_list()
+
+
+def _is_blank(path: Path) -> bool:
+    """True when an uncompressed file holds nothing but whitespace (reads at most 64 KiB)."""
+    if path.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".parquet"):
+        return path.stat().st_size == 0
+    with open(path, "rb") as f:
+        head = f.read(65536)
+    return not head.strip() and path.stat().st_size <= len(head)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The parser's error behind `datasets`' wrapper: the first exception of the chain raised outside
+    `datasets` (e.g. pyarrow's ArrowInvalid naming the row), else `exc` itself."""
+    seen = {id(exc)}
+    cur: BaseException | None = exc
+    while cur is not None and type(cur).__module__.split(".")[0] == "datasets":
+        nxt = cur.__cause__ or cur.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        cur = nxt
+    return cur or exc
+
+
+class _quiet_datasets:
+    """Silences `datasets`' logger while reading (it logs parser errors that we re-raise in one line)."""
+
+    def __enter__(self) -> None:
+        import datasets
+
+        self._level = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+
+    def __exit__(self, *exc: object) -> None:
+        import datasets
+
+        datasets.logging.set_verbosity(self._level)

@@ -18,8 +18,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.tracking.db import open_db
+    from engine.tracking.readers import get_run
+    from engine.tracking.records import ACTIVE_STATUSES
     from workbench import launcher
+    from workbench.errors import UserError
 
+    with open_db(create=False) as db:  # an unknown or finished run: its one line, before any "stopping"
+        found = get_run(args.run, db=db)
+    if found.status not in ACTIVE_STATUSES:
+        raise UserError(f"run {found.name} is {found.status}, not running: nothing to stop")
     print(
         f"stopping {args.run}: it saves a checkpoint and exits (killed after {args.grace:g} s) ...",
         flush=True,

@@ -1,0 +1,108 @@
+"""Bad inputs through the public CLI: each gets one line on stderr naming the field or file and what to
+change, exit code 2, no traceback, and nothing lost or half-written (DESIGN.md, "Product interface")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.data.errors import DataError
+from engine.data.sources import load_rows
+from engine.tracking import open_db
+from engine.tracking.runs import create_run, update_run
+from workbench.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+def _one_line_exit_2(capsys, argv: list[str], *needles: str) -> str:
+    """Runs `tunebench argv`; asserts exit 2, one `tunebench:` line on stderr holding every needle."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("tunebench: ") and "Traceback" not in captured.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return captured.out
+
+
+@pytest.fixture
+def finished_run(tunebench_home) -> str:
+    """A completed run in the tracker (no process), named `done`."""
+    with open_db() as db:
+        rec = create_run(db=db, recipe="sft", config_text="seed: 0\nlr: 0.1\n", name="done")
+        update_run(rec.id, db=db, status="completed", exit_code=0)
+    return "done"
+
+
+def test_export_refuses_to_replace_an_existing_file_without_force(finished_run, capsys, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("my own notes\n")
+    _one_line_exit_2(capsys, ["export", finished_run, "-o", str(mine)], str(mine), "--force")
+    assert mine.read_text() == "my own notes\n"  # nothing lost
+    assert main(["export", finished_run, "-o", str(mine), "--force"]) == 0
+    assert "lr: 0.1" in mine.read_text()
+
+
+def test_stop_of_a_finished_or_unknown_run_says_only_why(finished_run, capsys):
+    out = _one_line_exit_2(capsys, ["stop", finished_run], "done is completed", "nothing to stop")
+    assert "stopping" not in out
+    out = _one_line_exit_2(capsys, ["stop", "no-such-run"], "'no-such-run'", "tunebench runs")
+    assert "stopping" not in out
+
+
+def test_empty_and_malformed_dataset_files_name_the_file_and_the_problem(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(
+        DataError, match=r"empty\.jsonl'?: the file is empty; give a file with at least one row"
+    ):
+        load_rows(empty)
+    no_rows = tmp_path / "rows.json"
+    no_rows.write_text("[]")
+    with pytest.raises(DataError, match=r"rows\.json'?: holds no rows"):
+        load_rows(no_rows)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"instruction": "a", "input": "", "output": "b"}) + "\n{broken\n")
+    with pytest.raises(DataError) as info:
+        load_rows(broken)
+    msg = str(info.value)
+    assert "broken.jsonl" in msg and "row 1" in msg and "fix the file's format" in msg and "Hub" not in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.distributed
+def test_run_on_an_empty_dataset_fails_with_one_clear_line(tunebench_home, shared_assets, tmp_path):
+    """End to end: `tunebench run sft` on an empty jsonl exits 2 and the run's error line names the file."""
+    import yaml
+
+    sys.path.insert(0, str(REPO / "tests" / "engine" / "recipes"))
+    from _sft_helpers import tiny_config
+
+    cfg = tiny_config(shared_assets, tmp_path / "unused", max_steps_per_epoch=1)
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    cfg["dataset"]["source"] = str(data)
+    cfg.pop("output_dir")
+    path = tmp_path / "tiny.yaml"
+    path.write_text("# tunebench run sft --config tiny.yaml\n" + yaml.safe_dump(cfg, sort_keys=False))
+    env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home))
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "run", "sft", "--config", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "StopIteration" not in proc.stderr
+    assert f"source '{data}': the file is empty; give a file with at least one row" in proc.stderr
