@@ -431,6 +431,8 @@ def convert_gguf_to_hf(
         else:
             _copy_tokenizer_files(Path(tokenizer_dir), tmp)
         if out_dir.exists():
+            if not overwrite:  # another process finished the same conversion meanwhile
+                raise GGUFError(f"{out_dir}: already exists; remove it or pass overwrite=True / --overwrite")
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:

@@ -55,7 +55,7 @@ def demo_model_dir(home: str | Path | None = None) -> Path:
     gguf_path = demo_gguf_path()
     try:
         convert_gguf_to_hf(gguf_path, target, overwrite=target.exists())
-    except OSError:
+    except (OSError, CheckpointError):
         # Another process renamed its finished conversion into place first: use that one.
         if not all((target / name).is_file() for name in _REQUIRED):
             raise

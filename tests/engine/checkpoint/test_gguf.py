@@ -265,3 +265,29 @@ def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(shared_assets, tmp_p
         assert rebuilt.encode(text).ids == ref.encode(text).ids, text
         assert rebuilt.decode(rebuilt.encode(text).ids) == ref.decode(ref.encode(text).ids)
     assert tok_cfg["bos_token"] == "<s>" and tok_cfg["add_bos_token"] is True
+
+
+def test_demo_conversion_race_keeps_the_finished_folder(tmp_path, monkeypatch):
+    """Two processes converting the demo at once: the one that finishes second keeps the first's folder."""
+    from engine.models import demo
+
+    tok = _tiny_tokenizer()
+    _write_gguf(tmp_path / "tiny.gguf", _tiny_llama(tok.get_vocab_size(), tied=True), tok, "F32")
+    monkeypatch.setattr(demo, "demo_gguf_path", lambda: tmp_path / "tiny.gguf")
+    home = tmp_path / "home"
+    target = home / "models" / demo.DEMO_NAME
+    real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+
+    raced = []
+
+    def save_then_lose_the_race(tensors, path, metadata=None):
+        real_save(tensors, path, metadata=metadata)
+        if not raced:  # the other process renames its finished folder into place now
+            raced.append(True)
+            convert_gguf_to_hf(tmp_path / "tiny.gguf", target, dtype=torch.float32)
+            (target / "winner").touch()  # marks the first finished folder
+
+    monkeypatch.setattr("safetensors.torch.save_file", save_then_lose_the_race)
+    assert demo.demo_model_dir(home) == target
+    assert (target / "winner").is_file()  # the finished folder was kept, not replaced or deleted
+    assert [p.name for p in target.parent.iterdir()] == [demo.DEMO_NAME]  # no temp folder left behind
