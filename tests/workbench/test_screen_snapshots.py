@@ -176,23 +176,69 @@ def test_recipe_screen(snap_compare, snap_home):
 
 
 def test_data_screen(snap_compare, snap_home, shared_assets, tmp_path):
+    # A local file of fixed rows (not a generated preset) keeps the preview stable.
     (tmp_path / "tok").mkdir()
     shutil.copy(
         shared_assets / "tokenizers" / "smollm2" / "tokenizer.json", tmp_path / "tok" / "tokenizer.json"
     )
+    rows = [
+        {"input": f"What is {a} + {a + 3}?", "output": f"{a} + {a + 3} = {2 * a + 3}."} for a in range(1, 41)
+    ]
+    (tmp_path / "sums.json").write_text(json.dumps(rows))
 
     async def ready(pilot):
         app = pilot.app
         app.push_screen(app.make_screen("data"))
         await _until(pilot, lambda: type(app.screen).__name__ == "DataScreen")
-        app.screen.query_one("#tokenizer").value = "tok"
-        app.screen.action_add()
-        await _until(pilot, lambda: app.screen.stats and app.screen.stats[0], 90)
+        screen = app.screen
+        screen.query_one("#tokenizer").value = "tok"
+        screen.query_one("#kind").value = "local file"
+        screen.query_one("#source").value = "sums.json"
+        screen.query_one("#template").value = "Q: {input} A:"
+        await pilot.pause(0.2)
+        screen.action_add()
+        await _until(pilot, lambda: screen.stats and screen.stats[0], 90)
 
     assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
 
 
-def test_models_screen(snap_compare, snap_home, tunebench_home):
+FIXED_CARDS = [
+    {
+        "name": name,
+        "family": family,
+        "params": params,
+        "layers": layers,
+        "embed_dim": dim,
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "context_length": ctx,
+        "vocab_size": vocab,
+        "licence": licence,
+    }
+    for name, family, params, layers, dim, heads, kv, ctx, vocab, licence in (
+        ("smollm2_135m", "SmolLM2", 134_515_008, 30, 576, 9, 3, 8192, 49152, "Apache-2.0"),
+        ("qwen3_0_6b", "Qwen3", 596_049_920, 28, 1024, 16, 8, 40960, 151936, "Apache-2.0"),
+        (
+            "llama3_2_1b",
+            "Llama 3.2",
+            1_235_814_400,
+            16,
+            2048,
+            32,
+            8,
+            131072,
+            128256,
+            "Llama 3.2 Community License",
+        ),
+    )
+]
+
+
+def test_models_screen(snap_compare, snap_home, tunebench_home, monkeypatch):
+    from workbench.screens import services
+
+    # Fixed cards: the snapshot shows the screen, not whichever presets engine.models has today.
+    monkeypatch.setattr(services, "model_cards", lambda: FIXED_CARDS)
     folder = tunebench_home / "models" / "smollm2-135m-instruct"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
