@@ -39,6 +39,7 @@ TOAST_EVENTS = {
     "oom": ("error", "out of memory"),
     "checkpoint": ("information", "checkpoint saved"),
     "end": ("information", "run ended"),
+    "eval": ("information", "evaluation"),
 }
 ENDED = ("completed", "failed", "stopped")
 
