@@ -124,3 +124,16 @@ def test_recipe_main_exit_codes(tiny_llama_dir, tmp_path, capsys, tunebench_home
     assert recipe_main(["--config", str(config), f"model_dir={tmp_path / 'nothing'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("eval: ") and "not a model folder" in err[0]
+
+
+def test_registered_for_lm_eval_model_args(tiny_llama_dir):
+    """`--model tunebench --model_args pretrained=DIR,...` builds our model (lm-eval passes text)."""
+    from lm_eval.api.registry import get_model
+
+    lm = get_model("tunebench").create_from_arg_string(
+        f"pretrained={tiny_llama_dir},max_gen_toks=16,add_bos_token=false",
+        {"batch_size": "4", "max_batch_size": None, "device": None},
+    )
+    assert isinstance(lm, TunebenchLM)
+    assert (lm.batch_size, lm.max_gen_toks, lm.add_bos_token) == (4, 16, False)
+    assert lm.tok_encode("hi") == lm.tok.encode("hi", add_bos=False, add_eos=False)
