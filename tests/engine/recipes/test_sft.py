@@ -90,9 +90,20 @@ def test_qlora_trains_with_nf4_base_and_exports_peft_adapters(shared_assets, tmp
         "intermediate_dim": 256, "max_seq_len": 256, "rope_base": 10000.0,
         "lora_attn_modules": ["q_proj", "v_proj"], "lora_rank": 8, "lora_alpha": 16.0, "quantize_base": True,
     }  # fmt: skip
-    cfg = tiny_config(shared_assets, tmp_path / "run", model=model, max_steps_per_epoch=12)
+    cfg = tiny_config(
+        shared_assets, tmp_path / "run", model=model, max_steps_per_epoch=12, save_merged_model=True
+    )
     cfg["optimizer"]["lr"] = 1e-2
     recipe = run_recipe(cfg)
+    # The merged model (NF4 base dequantised + adapters folded in) loads in transformers with our logits.
+    transformers = pytest.importorskip("transformers")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "merged", dtype=torch.float32
+    )
+    tokens = torch.randint(0, 49152, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        recipe.model.eval()
+        torch.testing.assert_close(merged.eval()(tokens).logits, recipe.model(tokens), rtol=1e-4, atol=1e-4)
     q_proj = recipe.model.layers[0].attn.q_proj
     assert isinstance(q_proj.weight, NF4Tensor) and not q_proj.weight.requires_grad
     losses = recipe.loss_history
