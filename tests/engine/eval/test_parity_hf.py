@@ -131,3 +131,52 @@ def test_tokenization_and_chat_template_match_hf_backend(tiny_llama_dir):
     assert ours.apply_chat_template(prefill, add_generation_prompt=False) == ref.apply_chat_template(
         prefill, add_generation_prompt=False
     )
+
+
+def test_chat_template_runs_equal_hf_backend(tiny_llama_dir):
+    """`apply_chat_template=True`: prompts rendered with the Llama-3 template on both backends give
+    the same log-likelihoods and the same generations."""
+    gen = {"max_gen_toks": 12}
+    ours = evaluate(
+        TunebenchLM(pretrained=tiny_llama_dir, batch_size=4),
+        ["arith_mc", "gsm8k_local"],
+        limit=3,
+        gen_kwargs=gen,
+        apply_chat_template=True,
+        log_samples=True,
+    )
+    ref = _reference(tiny_llama_dir, "arith_mc", 3, apply_chat_template=True)
+    ref_gen = _reference(tiny_llama_dir, "gsm8k_local", 3, apply_chat_template=True, gen_kwargs=gen)
+    first = ours.samples["arith_mc"][0]["arguments"][0][0]
+    assert first.startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
+    assert first == ref["samples"]["arith_mc"][0]["arguments"][0][0]
+    torch.testing.assert_close(
+        torch.tensor([[r[0][0] for r in s["resps"]] for s in ours.samples["arith_mc"]]),
+        torch.tensor([[r[0][0] for r in s["resps"]] for s in ref["samples"]["arith_mc"]]),
+        rtol=0,
+        atol=1e-4,
+    )
+    assert [s["resps"][0][0] for s in ours.samples["gsm8k_local"]] == [
+        s["resps"][0][0] for s in ref_gen["samples"]["gsm8k_local"]
+    ]
+
+
+def test_in_memory_model_equals_folder(tiny_llama_dir):
+    """`TunebenchLM(model=..., tokenizer=...)` (evaluating a model a recipe holds) scores as the folder."""
+    from lm_eval.api.instance import Instance
+
+    from engine.data.tokenizers import load_tokenizer
+    from engine.models import from_pretrained
+
+    requests = [Instance("loglikelihood", {}, ("Question: 2 plus 2?\nAnswer:", f" {i}"), i) for i in range(4)]
+    folder = TunebenchLM(pretrained=tiny_llama_dir).loglikelihood(requests, disable_tqdm=True)
+    in_memory = TunebenchLM(
+        model=from_pretrained(tiny_llama_dir, dtype=torch.float32), tokenizer=load_tokenizer(tiny_llama_dir)
+    )
+    assert in_memory.max_length == 512
+    torch.testing.assert_close(
+        torch.tensor([s for s, _ in in_memory.loglikelihood(requests, disable_tqdm=True)]),
+        torch.tensor([s for s, _ in folder]),
+        rtol=0,
+        atol=1e-5,
+    )
