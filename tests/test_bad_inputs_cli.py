@@ -105,4 +105,31 @@ def test_run_on_an_empty_dataset_fails_with_one_clear_line(tunebench_home, share
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "StopIteration" not in proc.stderr
-    assert f"source '{data}': the file is empty; give a file with at least one row" in proc.stderr
+    line = f"sft: source '{data}': the file is empty; give a file with at least one row"
+    assert line in proc.stderr
+    with open_db() as db:
+        (run,) = db.execute("SELECT status, exit_code, error FROM runs").fetchall()
+    assert tuple(run) == ("failed", 2, line)  # the run's record holds just that line
+
+
+def test_a_bad_input_failure_records_only_the_recipes_error_line():
+    """Exit code 2: import warnings printed before the recipe's one line are not part of the run's
+    error; a crash (exit code 1) keeps its traceback lines."""
+    from workbench.supervisor import failure_summary
+
+    tail = (
+        "== tunebench: run sft-1 ==\n"
+        "Failed to load /venv/torchao/_C_mxfp8.so: Could not load this library\n"
+        "[rank0]:W1129 22:21:14.098000 26652 torch/utils/_pytree.py:630] <enum 'KernelPreference'> is an Enum\n"
+        "sft: /runs/x/checkpoints/step_2: cannot load the recipe checkpoint (truncated); resume from an older one\n"
+    )
+    assert failure_summary(tail, 2) == (
+        "sft: /runs/x/checkpoints/step_2: cannot load the recipe checkpoint (truncated); resume from an older one"
+    )
+    crash = (
+        tail
+        + 'Traceback (most recent call last):\n  File "x.py", line 1\nZeroDivisionError: division by zero\n'
+    )
+    summary = failure_summary(crash, 1)
+    assert "ZeroDivisionError" in summary and "Failed to load" in summary
+    assert failure_summary("", 3) == "exit code 3"

@@ -95,6 +95,16 @@ def failure_text(log_tail: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(kept[-lines:])
 
 
+def failure_summary(log_tail: str, code: int) -> str:
+    """What a failed run's record says went wrong. Exit code 2 is a bad input, which the recipe reports
+    in one last line: only that line is kept (not the import warnings printed before it); any other
+    code keeps `failure_text`'s last lines, so a crash's traceback is visible."""
+    text = failure_text(log_tail)
+    if code == 2 and text:
+        return text.splitlines()[-1]
+    return text or f"exit code {code}"
+
+
 def supervise(run_id: str, extra: list[str]) -> int:
     """Run one launch of `run_id` to its end and record it; returns 0 (the run's code is in the db)."""
     with open_db() as db:
@@ -163,7 +173,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
         elif code == 0:
             status, error = "completed", None
         else:
-            status, error = "failed", failure_text(tail) or f"exit code {code}"
+            status, error = "failed", failure_summary(tail, code)
         update_run(run.id, db=db, status=status, exit_code=code, ended_at=time.time(), error=error)
         add_event(run.id, final.step, "end", f"{status} (exit code {code})", db=db)
     return 0
