@@ -72,24 +72,24 @@ def _is_model_folder(path: Path) -> bool:
     return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
-def resolve_target(spec: str, step: int | None) -> tuple[str | None, list[tuple[int, Path]]]:
-    """`(run id or None, [(step, model folder)])` for RUN_OR_MODEL. Raises UserError saying what was
-    looked for."""
+def resolve_target(spec: str, step: int | None) -> tuple[str | None, list[tuple[int, Path]], bool]:
+    """`(run id or None, [(step, model folder)], NF4 base)` for RUN_OR_MODEL. Raises UserError saying
+    what was looked for."""
     if spec == "demo":
         if step is not None:
             raise UserError("--step: only applies to a run; drop it for demo")
-        return None, [(0, Path("demo"))]
+        return None, [(0, Path("demo"))], False
     path = Path(spec).expanduser()
     if path.is_dir():
         match = _STEP.match(path.name)
         if match:
             for folder in (path / "model", path):
                 if _is_model_folder(folder):
-                    return None, [(int(match.group(1)), folder)]
+                    return None, [(int(match.group(1)), folder)], False
         if _is_model_folder(path):
             if step is not None:
                 raise UserError("--step: only applies to a run; a model folder is one checkpoint")
-            return None, [(0, path)]
+            return None, [(0, path)], False
         raise UserError(
             f"{path}: no config.json or adapter_config.json; point RUN_OR_MODEL at a model folder or a run"
         )
@@ -114,11 +114,28 @@ def resolve_target(spec: str, step: int | None) -> tuple[str | None, list[tuple[
     steps = checkpoint_steps(Path(rec.output_dir))
     if not steps:
         raise UserError(f"run {rec.name}: no checkpoint under {rec.output_dir}/checkpoints yet; wait for one")
+    nf4 = trained_with_nf4_base(rec.config_text)
     if step is None:
-        return rec.id, sorted(steps.items())
+        return rec.id, sorted(steps.items()), nf4
     if step not in steps:
         raise UserError(f"--step {step}: run {rec.name} has checkpoints at steps {sorted(steps)}; pick one")
-    return rec.id, [(step, steps[step])]
+    return rec.id, [(step, steps[step])], nf4
+
+
+def trained_with_nf4_base(config_text: str) -> bool:
+    """Whether a run's config trained LoRA adapters on an NF4 base (QLoRA): `model.quantize_base: true`
+    or a `qlora_*` builder. Its adapters are then evaluated on the same NF4 base."""
+    from engine.config import ConfigError
+    from engine.config._yaml import parse_yaml
+
+    try:
+        cfg = parse_yaml(config_text or "")
+    except ConfigError:
+        return False
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    if not isinstance(model, dict):
+        return False
+    return bool(model.get("quantize_base")) or ".qlora_" in str(model.get("_component_", ""))
 
 
 def _scored_steps(run_id: str, tasks: list[str]) -> set[int]:
@@ -152,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = split_tasks(args.tasks)
     resolve_task_specs(tasks, args.task_dir)  # task files and their data exist, before any model loads
-    run_id, targets = resolve_target(args.target, args.step)
+    run_id, targets, nf4_base = resolve_target(args.target, args.step)
     if run_id is not None and args.step is None and not args.all_checkpoints:
         targets = targets[-1:]  # the latest checkpoint
     if run_id is not None and args.all_checkpoints:
@@ -179,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
             "task_dirs": list(args.task_dir),
             "dtype": args.dtype,
             "device": args.device,
+            "quantize_base": nf4_base,
             "run": run_id,
             "step": step,
         }

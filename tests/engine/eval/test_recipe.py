@@ -137,3 +137,49 @@ def test_registered_for_lm_eval_model_args(tiny_llama_dir):
     assert isinstance(lm, TunebenchLM)
     assert (lm.batch_size, lm.max_gen_toks, lm.add_bos_token) == (4, 16, False)
     assert lm.tok_encode("hi") == lm.tok.encode("hi", add_bos=False, add_eos=False)
+
+
+def test_qlora_adapters_evaluate_on_nf4_base(tiny_llama_dir, tmp_path):
+    """`quantize_base=True` scores adapters on the NF4 base they were trained on: equal to the QLoRA
+    model itself, and not the same as on the full-precision base."""
+    from engine.checkpoint.peft import save_adapters
+    from engine.models import from_pretrained
+    from engine.models._decoder_builder import LoRASettings
+
+    lora = LoRASettings(
+        lora_attn_modules=("q_proj", "v_proj"), lora_rank=4, lora_alpha=8.0, quantize_base=True
+    )
+    qlora = from_pretrained(tiny_llama_dir, dtype=torch.float32, lora=lora)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in qlora.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.3)
+    save_adapters(qlora, tmp_path / "adapters", base_model_dir=tiny_llama_dir)
+    requests = _ll_requests(4)
+    from engine.data.tokenizers import load_tokenizer
+
+    reference = TunebenchLM(model=qlora, tokenizer=load_tokenizer(tiny_llama_dir)).loglikelihood(
+        requests, disable_tqdm=True
+    )
+    on_nf4 = TunebenchLM(pretrained=tmp_path / "adapters", quantize_base=True).loglikelihood(
+        requests, disable_tqdm=True
+    )
+    on_fp32 = TunebenchLM(pretrained=tmp_path / "adapters").loglikelihood(requests, disable_tqdm=True)
+    torch.testing.assert_close(
+        torch.tensor([s for s, _ in on_nf4]), torch.tensor([s for s, _ in reference]), rtol=0, atol=1e-4
+    )
+    assert max(abs(a - b) for (a, _), (b, _) in zip(on_nf4, on_fp32)) > 1e-3
+
+
+def test_run_config_tells_qlora():
+    from workbench.commands.eval import trained_with_nf4_base
+
+    assert trained_with_nf4_base(
+        "model:\n  _component_: engine.models.qwen3.lora_qwen3\n  quantize_base: true\n"
+    )
+    assert trained_with_nf4_base("model:\n  _component_: engine.models.smollm2.qlora_smollm2_135m\n")
+    assert not trained_with_nf4_base(
+        "model:\n  _component_: engine.models.qwen3.lora_qwen3\n  lora_rank: 8\n"
+    )
+    assert not trained_with_nf4_base("not: [valid")
