@@ -108,3 +108,14 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path):
         full.model.named_parameters(), resumed.model.named_parameters(), strict=True
     ):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_lora_policy_uses_the_adapter_free_base_as_reference(tmp_path):
+    """LoRA: no reference copy; on the first minibatch the policy equals the base, so the KL is 0."""
+    model = dict(TOY_MODEL) | {"_component_": "engine.models.llama3.lora_llama3", "lora_rank": 4, "lora_alpha": 8,
+                               "lora_attn_modules": ["q_proj", "v_proj"], "apply_lora_to_mlp": True}  # fmt: skip
+    recipe = run(grpo_config(tmp_path, model=model, max_steps_per_epoch=2, ppo_epochs=1, minibatch_size=32))
+    assert recipe.is_lora and recipe.reference is None
+    assert recipe.history[0]["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert recipe.history[1]["kl"] > 0
+    assert (tmp_path / "checkpoints" / "step_2" / "model" / "adapter_config.json").is_file()
