@@ -133,3 +133,34 @@ def test_a_bad_input_failure_records_only_the_recipes_error_line():
     summary = failure_summary(crash, 1)
     assert "ZeroDivisionError" in summary and "Failed to load" in summary
     assert failure_summary("", 3) == "exit code 3"
+
+
+@pytest.mark.parametrize(
+    "argv", [["runs"], ["show", "x"], ["run", "sft", "--config", "demo/smollm2_135m_lora"]]
+)
+def test_tunebench_home_that_is_a_file_is_named(argv, capsys, tmp_path, monkeypatch):
+    home = tmp_path / "home.txt"
+    home.write_text("not a folder\n")
+    monkeypatch.setenv("TUNEBENCH_HOME", str(home))
+    _one_line_exit_2(capsys, argv, f"TUNEBENCH_HOME={home} is a file", "point TUNEBENCH_HOME at a folder")
+    assert home.read_text() == "not a folder\n"
+
+
+def test_tunebench_home_under_a_file_is_named(capsys, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("TUNEBENCH_HOME", str(blocker / "home"))
+    _one_line_exit_2(
+        capsys,
+        ["run", "sft", "--config", "demo/smollm2_135m_lora"],
+        "cannot create this folder",
+        "TUNEBENCH_HOME",
+    )
+
+
+@pytest.mark.parametrize("tag", ["", "a,b", "two words"])
+def test_a_tag_that_would_not_come_back_as_given_is_refused(tag, tunebench_home, capsys):
+    _one_line_exit_2(
+        capsys, ["run", "sft", "--config", "demo/smollm2_135m_lora", "--tag", tag, "--detach"], f"tag {tag!r}"
+    )
+    assert not list((tunebench_home / "runs").iterdir())  # nothing half-written

@@ -10,8 +10,17 @@ DB_NAME = "tunebench.db"
 
 
 def tunebench_home() -> Path:
-    """`TUNEBENCH_HOME`, or `~/.tunebench` when unset; not created here."""
-    return Path(os.environ.get("TUNEBENCH_HOME") or "~/.tunebench").expanduser()
+    """`TUNEBENCH_HOME`, or `~/.tunebench` when unset; not created here.
+
+    Raises `TrackerError` when that path exists and is not a folder."""
+    home = Path(os.environ.get("TUNEBENCH_HOME") or "~/.tunebench").expanduser()
+    if home.exists() and not home.is_dir():
+        from engine.tracking.errors import TrackerError
+
+        raise TrackerError(
+            f"TUNEBENCH_HOME={home} is a file, not a folder: point TUNEBENCH_HOME at a folder (or unset it)"
+        )
+    return home
 
 
 def db_path(home: Path | None = None) -> Path:
@@ -30,9 +39,18 @@ def run_dir(run_id: str, home: Path | None = None) -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (and parents) with mode 0700; tighten it to 0700 when it exists and is ours."""
+    """Create `path` (and parents) with mode 0700; tighten it to 0700 when it exists and is ours.
+    Raises `TrackerError` naming the folder when it cannot be created (a file in the way, no rights)."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        from engine.tracking.errors import TrackerError
+
+        raise TrackerError(
+            f"{path}: cannot create this folder ({exc.strerror or exc}); point TUNEBENCH_HOME at a "
+            "folder you can write"
+        ) from None
     st = path.stat()
     if st.st_uid == os.getuid() and (st.st_mode & 0o777) != 0o700:
         path.chmod(0o700)

@@ -19,6 +19,7 @@ from engine.tracking.paths import ensure_private_dir, run_dir, runs_root
 from engine.tracking.records import RUN_COLUMNS, RUN_KINDS, RUN_STATUSES, RunRecord
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TAG_OK = re.compile(r"^[^,\s]{1,64}$")
 _UPDATABLE = set(RUN_COLUMNS) - {"id", "created_at"}
 
 
@@ -46,7 +47,8 @@ def create_run(
     """Insert a `queued` run and create its private folder `runs/<id>/`; returns the row.
 
     `name` defaults to `<recipe>-<n>`; a taken name raises `TrackerError`, as does a name with
-    characters other than letters, digits, `.`, `_`, `-` (it is used on the command line).
+    characters other than letters, digits, `.`, `_`, `-` (it is used on the command line);
+    so does an empty tag or one with a comma or space (tags are stored comma-separated).
     `run_id` (default: a fresh `new_run_id()`) lets a caller write into the folder first.
     """
     if kind not in RUN_KINDS:
@@ -55,6 +57,9 @@ def create_run(
         raise TrackerError(f"nproc={nproc}: use 1 or more processes")
     if name is not None and not _NAME_OK.match(name):
         raise TrackerError(f"run name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    for tag in tags:  # stored comma-separated: a comma or an empty tag would not come back as given
+        if not isinstance(tag, str) or not _TAG_OK.match(tag):
+            raise TrackerError(f"tag {tag!r}: give a word without commas or spaces (at most 64 characters)")
     home_runs = ensure_private_dir(runs_root())
     if run_id is None:
         run_id = new_run_id()
