@@ -164,3 +164,22 @@ def test_a_tag_that_would_not_come_back_as_given_is_refused(tag, tunebench_home,
         capsys, ["run", "sft", "--config", "demo/smollm2_135m_lora", "--tag", tag, "--detach"], f"tag {tag!r}"
     )
     assert not list((tunebench_home / "runs").iterdir())  # nothing half-written
+
+
+def test_empty_compressed_file_and_a_column_map_that_is_not_a_mapping(shared_assets, tmp_path):
+    import gzip
+
+    from engine.data.builders import instruct_dataset
+    from engine.data.tokenizers import load_tokenizer
+
+    empty = tmp_path / "rows.jsonl.gz"
+    with gzip.open(empty, "wb") as f:
+        f.write(b"\n")
+    with pytest.raises(DataError, match=r"rows\.jsonl\.gz'?: the file is empty"):
+        load_rows(empty)
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"instruction": "a", "input": "", "output": "b"}) + "\n")
+    tok = load_tokenizer(path=str(shared_assets / "tokenizers" / "smollm2"))
+    for bad in (["output"], {"output": 3}):
+        with pytest.raises(DataError, match=r"^column_map: must map expected column -> your column"):
+            instruct_dataset(tok, source=str(good), column_map=bad, cache=False)

@@ -349,6 +349,13 @@ def build_tokenized(
     """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
         raise DataError(f"max_seq_len: must be an integer >= 2, got {max_seq_len!r}")
+    if column_map is not None and (
+        not isinstance(column_map, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in column_map.items())
+    ):
+        raise DataError(
+            f"column_map: must map expected column -> your column, e.g. {{output: summary}}; got {column_map!r}"
+        )
     label = default_name(source) if isinstance(source, (list, tuple)) else str(source)
     name = name or default_name(source)
     pad_id = int(getattr(tokenizer, "pad_id", 0) or 0)

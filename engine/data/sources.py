@@ -147,12 +147,23 @@ def load_rows(
 
 
 def _is_blank(path: Path) -> bool:
-    """True when an uncompressed file holds nothing but whitespace (reads at most 64 KiB)."""
-    if path.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".parquet"):
+    """True when a file (.gz/.bz2/.xz looked through) holds nothing but whitespace; reads at most
+    64 KiB. A compressed file that cannot be opened is left to the reader's own error."""
+    opener = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}.get(path.suffix.lower())
+    if path.suffix.lower() in (".parquet", ".zst"):
         return path.stat().st_size == 0
-    with open(path, "rb") as f:
-        head = f.read(65536)
-    return not head.strip() and path.stat().st_size <= len(head)
+    try:
+        if opener is None:
+            with open(path, "rb") as f:
+                head = f.read(65536)
+            return not head.strip() and path.stat().st_size <= len(head)
+        import importlib
+
+        with importlib.import_module(opener).open(path, "rb") as f:
+            head = f.read(65536)
+            return not head.strip() and not f.read(1)
+    except (OSError, EOFError, ValueError):
+        return False
 
 
 def _root_cause(exc: BaseException) -> BaseException:
