@@ -111,3 +111,54 @@ def test_bad_arguments_one_line_exit_2(argv, message, model_dir, tunebench_home,
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_eval_real_sft_run_checkpoints_equal_hf_backend(
+    model_dir, tunebench_home, shared_assets, capsys, monkeypatch
+):
+    """A real SFT run (full fine-tune of the tiny model, checkpoints at steps 2 and 4): `tunebench eval
+    RUN --all-checkpoints` scores both; the step-4 scores equal lm-eval's hf backend on that folder."""
+    import lm_eval
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "engine" / "recipes"))
+    from _sft_helpers import run_recipe, tiny_config
+
+    from engine.eval.runner import task_manager
+    from engine.eval.tasks import resolve_task_specs
+    from engine.tracking.db import open_db
+    from engine.tracking.runs import create_run
+
+    with open_db() as db:
+        rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="sft-real")
+    model = {
+        "_component_": "engine.models.llama3.llama3", "vocab_size": 128256, "num_layers": 2, "num_heads": 4,
+        "num_kv_heads": 2, "embed_dim": 64, "intermediate_dim": 128, "max_seq_len": 512,
+    }  # fmt: skip
+    cfg = tiny_config(
+        shared_assets, Path(rec.output_dir), model=model, max_steps_per_epoch=4, save_every_n_steps=2
+    )
+    cfg["checkpoint_dir"] = str(model_dir)
+    cfg["tokenizer"]["path"] = str(model_dir)
+    run_recipe(cfg)
+    capsys.readouterr()
+    assert (
+        main(["eval", "sft-real", "--tasks", "arith_mc", "--limit", "8", "--all-checkpoints", "--json"]) == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in result["results"]] == [2, 4]
+    step4 = result["results"][1]
+    ref = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={step4['checkpoint']},dtype=float32",
+        tasks=resolve_task_specs(["arith_mc"]),
+        limit=8,
+        batch_size=4,
+        device="cpu",
+        bootstrap_iters=0,
+        task_manager=task_manager((), include_defaults=False),
+    )
+    ours = {s["metric"]: s["value"] for s in step4["scores"]}
+    assert ours == {
+        "acc": ref["results"]["arith_mc"]["acc,none"],
+        "acc_norm": ref["results"]["arith_mc"]["acc_norm,none"],
+    }
