@@ -71,7 +71,6 @@ CONFIG_KEYS: dict[str, str] = {
     "num_samples_to_log": "completions per step written to output_dir/samples.jsonl",
     "enable_activation_checkpointing": "recompute blocks in backward",
     "compile": "torch.compile each block",
-    "fsdp": "unused by this one-process recipe (kept so configs can be shared)",
     "save_every_n_steps": "checkpoint period in steps (null: epoch ends only)",
     "keep_last_n_checkpoints": "complete checkpoints to keep",
     "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
@@ -380,7 +379,6 @@ class GRPORecipe:
                 ro = self.rollout(batch["prompts"], batch["answers"])
                 self.batches_in_epoch += 1
                 self.step_on(ro, t0)
-                log.set_progress(self.global_step, self.total_steps)
                 stop = self.stop.requested
                 if self.batches_in_epoch >= self.steps_per_epoch:
                     break
