@@ -91,7 +91,7 @@ class TunebenchLM(TemplateLM):
     Args:
         pretrained: HF model folder or PEFT adapter folder (with `model`/`tokenizer`, leave None).
         model / tokenizer: an already built decoder and tunebench tokenizer (instead of `pretrained`).
-        batch_size: requests per forward (int, default 8; lm-eval passes it as text).
+        batch_size: requests per forward (int, default 8; lm-eval passes it as text; `auto` means 8).
         max_length: context length (default: the folder's config, as the `hf` backend; else the
             model's `max_seq_len`). max_gen_toks: default new-token budget for generation (256).
         dtype: float32 | bfloat16 | float16 (default float32 on CPU, bfloat16 on CUDA).
