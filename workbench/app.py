@@ -67,7 +67,8 @@ class TunebenchApp(App):
 
     # Navigation -----------------------------------------------------------------------------
     def make_screen(self, name: str, **kwargs) -> Screen:
-        """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids=)."""
+        """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids=),
+        samples (run_id=, output_dir=)."""
         if name == "runs":
             from workbench.screens.runs import RunsScreen
 
@@ -92,6 +93,10 @@ class TunebenchApp(App):
             from workbench.screens.compare import CompareScreen
 
             return CompareScreen(**kwargs)
+        if name == "samples":
+            from workbench.screens.samples import SamplesScreen
+
+            return SamplesScreen(**kwargs)
         raise ValueError(f"unknown screen {name!r}")
 
     def action_goto(self, name: str) -> None:

@@ -312,3 +312,67 @@ async def test_recipe_switches_configs_and_keeps_the_form_in_sync(tunebench_home
         check = next(w for w in screen.query("#knobs Checkbox") if screen.knob_keys.get(w.id) == "compile")
         check.value = True
         await wait_for(pilot, lambda: "compile: true" in screen.yaml_text, what="compile on")
+
+
+async def test_grpo_panels_and_samples_newest_first(tunebench_home):
+    """GRPO rollout statistics and KD loss terms get their own panels beside reward/KL; `s` shows
+    samples.jsonl newest first with the highlighted sample in full."""
+    import json
+
+    from engine.tracking import MetricLogger
+    from workbench.screens.live import LiveRunScreen
+    from workbench.screens.samples import SamplesScreen
+    from workbench.widgets.metric_plot import MetricPlot
+
+    rid = make_finished_run("delta", "grpo", [0.1, 0.05, 0.02], "lr: 0.0001\n")
+    log = MetricLogger(run_id=rid, echo=False, max_delay_s=0)
+    for step in range(1, 4):
+        log.log(
+            step,
+            {
+                "reward/mean": 0.3 * step, "kl": 0.01 * step, "clip_fraction": 0.1,
+                "completion_length": 10.0 + step, "staleness": 1.0, "buffer_dropped": 0.0,
+                "actor_restarts": 0.0, "loss/kd": 0.5, "loss/ce": 1.5,
+            },
+        )  # fmt: skip
+    log.close()
+    run_dir = tunebench_home / "runs" / rid
+    lines = [
+        {
+            "step": s,
+            "prompt": f"what is {s}+[1]?",
+            "completion": f"answer {s}",
+            "answer": str(s + 1),
+            "reward": s / 3,
+        }
+        for s in (1, 2, 3)
+    ]
+    (run_dir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 4, "pro')
+    app = make_app(interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("live", run_id=rid))
+        live = await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen) and app.screen)
+        await wait_for(
+            pilot, lambda: live.query("#plot-rollout") and live.query("#plot-terms"), what="panels"
+        )
+        await pilot.pause(0.3)
+        assert set(live.query_one("#plot-recipe", MetricPlot).series) == {
+            "reward/mean",
+            "kl",
+            "clip_fraction",
+        }
+        assert set(live.query_one("#plot-rollout", MetricPlot).series) == {
+            "completion_length", "staleness", "buffer_dropped", "actor_restarts",
+        }  # fmt: skip
+        assert set(live.query_one("#plot-terms", MetricPlot).series) == {"loss/kd", "loss/ce"}
+        await pilot.press("s")
+        samples = await wait_for(pilot, lambda: isinstance(app.screen, SamplesScreen) and app.screen)
+        await wait_for(pilot, lambda: samples.rows, what="samples read")
+        assert [r["step"] for r in samples.rows] == [3, 2, 1], "newest first; the torn last line is skipped"
+        full = str(samples.query_one("#sample-full").render())
+        assert "what is 3+[1]?" in full and "answer 3" in full
+        await pilot.press("down")
+        await pilot.pause(0.1)
+        assert "what is 2+[1]?" in str(samples.query_one("#sample-full").render())
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen), what="back to live")

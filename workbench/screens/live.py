@@ -1,8 +1,10 @@
 """Live run: loss, learning rate, tokens/s and memory per rank as they arrive, progress with ETA,
 the log tail, and toasts for NaN, out-of-memory, checkpoints and the end of the run.
 
-Recipe panels appear when the recipe logs them: DPO rewards and margins, GRPO reward and KL, and
-loss per data source (`loss/<source>`).
+Recipe panels appear when the recipe logs them: rewards and KL (DPO rewards/margins, GRPO reward,
+KL and clip fraction), loss terms (KD's `loss/kd` and `loss/ce`, loss per data source), and GRPO's
+rollout statistics (completion length, staleness, dropped rollouts, actor restarts). `s` opens the
+GRPO sample completions (`samples.jsonl`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ PLOTS = {
     "tps": ("tokens/s", ("tokens_per_sec",)),
     "mem": ("memory GB (per rank)", ("mem_peak_gb",)),
 }
-RECIPE_PREFIXES = ("rewards/", "reward", "kl", "loss/", "margin", "logps/")
+# Recipe panel id -> (title, metric name prefixes); a panel is mounted when its first metric arrives.
+RECIPE_PANELS = {
+    "recipe": ("rewards / KL", ("rewards/", "reward", "kl", "margin", "logps/", "clip_fraction")),
+    "terms": ("loss terms", ("loss/",)),
+    "rollout": ("GRPO rollouts", ("completion_length", "staleness", "buffer_dropped", "actor_restarts")),
+}
 TOAST_EVENTS = {
     "nan": ("error", "loss is NaN"),
     "oom": ("error", "out of memory"),
@@ -44,9 +51,14 @@ TOAST_EVENTS = {
 ENDED = ("completed", "failed", "stopped")
 
 
-def recipe_metric(name: str) -> bool:
-    """Metrics shown in the recipe panel (anything recipe-specific, not the four standard plots)."""
-    return name != "loss" and name.startswith(RECIPE_PREFIXES)
+def recipe_panel(name: str) -> str | None:
+    """The recipe panel id a metric is drawn in (see `RECIPE_PANELS`), or None (standard plots)."""
+    if name == "loss":
+        return None
+    for pid, (_, prefixes) in RECIPE_PANELS.items():
+        if name.startswith(prefixes):
+            return pid
+    return None
 
 
 class LiveRunScreen(Screen):
@@ -57,6 +69,7 @@ class LiveRunScreen(Screen):
         Binding("x", "stop", "stop"),
         Binding("r", "resume", "resume"),
         Binding("k", "clone", "clone"),
+        Binding("s", "samples", "samples"),
         Binding("q,escape", "back", "back"),
     ]
     DEFAULT_CSS = """
@@ -88,7 +101,7 @@ class LiveRunScreen(Screen):
         self._after_event = 0
         self._log_offset = 0
         self._last_status: str | None = None
-        self._recipe_panel = False
+        self._recipe_panels: set[str] = set()  # recipe panel ids mounted so far
         self._poll_lock = threading.Lock()
         self._caught_up = False  # False until the first poll (history) has been shown
         self._step_times: deque[tuple[int, float]] = deque(maxlen=30)  # recent (step, time) for the ETA
@@ -203,15 +216,24 @@ class LiveRunScreen(Screen):
         for pid, (_, names) in PLOTS.items():
             if changed & set(names):
                 self.query_one(f"#plot-{pid}", MetricPlot).set_series(self._curves(names))
-        extra = sorted(n for n in self.series if recipe_metric(n))
-        if extra and not self._recipe_panel:
-            self._recipe_panel = True
-            self.query_one("#plots").add_class("-with-recipe")
-            self.query_one("#plots").mount(MetricPlot("recipe metrics", id="plot-recipe"))
-            self.call_after_refresh(self._replot, set(extra))
+        panels: dict[str, list[str]] = defaultdict(list)
+        for name in sorted(self.series):
+            pid = recipe_panel(name)
+            if pid:
+                panels[pid].append(name)
+        new_panels = [pid for pid in RECIPE_PANELS if pid in panels and pid not in self._recipe_panels]
+        if new_panels:
+            grid = self.query_one("#plots")
+            grid.add_class("-with-recipe")
+            for pid in new_panels:
+                self._recipe_panels.add(pid)
+                grid.mount(MetricPlot(RECIPE_PANELS[pid][0], id=f"plot-{pid}"))
+            # Draw every recipe panel once the new ones have a size.
+            self.call_after_refresh(self._replot, {n for names in panels.values() for n in names})
             return
-        if extra and changed & set(extra):
-            self.query_one("#plot-recipe", MetricPlot).set_series(self._curves(tuple(extra)))
+        for pid, names in panels.items():
+            if changed & set(names):
+                self.query_one(f"#plot-{pid}", MetricPlot).set_series(self._curves(tuple(names)))
 
     # Actions --------------------------------------------------------------------------------
     def action_back(self) -> None:
@@ -226,6 +248,11 @@ class LiveRunScreen(Screen):
 
     def action_resume(self) -> None:
         self._act("resume")
+
+    def action_samples(self) -> None:
+        self.app.push_screen(
+            self.app.make_screen("samples", run_id=self.run_id, output_dir=self.run.get("output_dir"))
+        )
 
     def action_clone(self) -> None:
         self.app.push_screen(self.app.make_screen("recipe", clone_of=self.run_id))

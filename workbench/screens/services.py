@@ -162,6 +162,42 @@ def read_log(run_id: str, output_dir: str | None, offset: int) -> tuple[str, int
     return read_new_text(Path(output_dir or run_dir(run_id)) / "stdout.log", offset)
 
 
+def read_samples(run_id: str, output_dir: str | None, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` GRPO samples of `<output_dir or runs/<id>>/samples.jsonl`, newest first.
+
+    Each row: step, prompt, completion, answer, reward (missing keys are None). Only the file's last
+    megabyte is read; a torn last line (a write in progress) and non-JSON lines are skipped. A missing
+    file reads as no samples.
+    """
+    import json
+
+    from engine.tracking.paths import run_dir
+
+    path = Path(output_dir or run_dir(run_id)) / "samples.jsonl"
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            start = max(0, size - (1 << 20))
+            fh.seek(start)
+            data = fh.read(size - start)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    if start > 0:
+        lines = lines[1:]  # the first line was cut by the seek
+    rows: list[dict[str, Any]] = []
+    for line in reversed(lines):
+        if len(rows) >= limit:
+            break
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            rows.append({k: obj.get(k) for k in ("step", "prompt", "completion", "answer", "reward")})
+    return rows
+
+
 def run_peak_gb(run_id: str) -> float | None:
     """The measured peak memory of a run (max `mem_peak_gb` over steps and ranks), or None."""
     from engine.tracking import readers
