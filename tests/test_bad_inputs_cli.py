@@ -183,3 +183,37 @@ def test_empty_compressed_file_and_a_column_map_that_is_not_a_mapping(shared_ass
     for bad in (["output"], {"output": 3}):
         with pytest.raises(DataError, match=r"^column_map: must map expected column -> your column"):
             instruct_dataset(tok, source=str(good), column_map=bad, cache=False)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ({"num_kv_heads": 0}, "num_kv_heads: must be a positive integer, got 0"),  # was ZeroDivisionError
+        ({"num_layers": "2"}, "num_layers: must be a positive integer, got '2'"),  # was TypeError
+        ({"embed_dim": -1}, "embed_dim: must be a positive integer, got -1"),  # was RuntimeError
+        ({"num_heads": 3, "num_kv_heads": 1}, "embed_dim (64) must be a multiple of num_heads (3)"),
+        ({"lora_attn_modules": "q_proj"}, "lora_attn_modules: give a list such as [q_proj, v_proj]"),
+        ({"lora_rank": 0}, "lora_rank: must be a positive integer, got 0"),
+    ],
+)
+def test_model_sizes_that_cannot_build_a_model_are_one_config_error(override, needle):
+    """What a recipe does with `model:` (instantiate): a ConfigError naming the field, not a crash."""
+    from engine.config import ConfigError, instantiate
+
+    node = {
+        "_component_": "engine.models.llama3.lora_llama3",
+        "vocab_size": 64,
+        "num_layers": 1,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "embed_dim": 64,
+        "intermediate_dim": 64,
+        "max_seq_len": 16,
+        "lora_attn_modules": ["q_proj"],
+        "lora_rank": 2,
+        "lora_alpha": 4,
+    }
+    instantiate(dict(node))  # the unchanged node builds
+    with pytest.raises(ConfigError) as info:
+        instantiate({**node, **override})
+    assert needle in str(info.value) and "\n" not in str(info.value)

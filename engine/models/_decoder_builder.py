@@ -37,6 +37,13 @@ class LoRASettings:
     use_dora: bool = False
 
     def __post_init__(self) -> None:
+        mods = self.lora_attn_modules
+        if isinstance(mods, str) or (mods and all(isinstance(m, str) and len(m) == 1 for m in mods)):
+            raise ValueError(
+                f"lora_attn_modules: give a list such as [q_proj, v_proj], not the string {''.join(mods)!r}"
+            )
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 1:
+            raise ValueError(f"lora_rank: must be a positive integer, got {self.lora_rank!r}")
         unknown = [m for m in self.lora_attn_modules if m not in ATTN_MODULES]
         if unknown:
             raise ValueError(
@@ -81,9 +88,27 @@ def build_decoder(
 ) -> TransformerDecoder:
     """Assemble a pre-norm GQA/SwiGLU/RMSNorm decoder. `head_dim` defaults to embed_dim // num_heads.
 
-    Raises ValueError for LoRA on a tied output projection (the adapter would also change the
-    input embedding) and for inconsistent head counts.
+    Raises ValueError for a size that is not a positive integer, LoRA on a tied output projection
+    (the adapter would also change the input embedding) and for inconsistent head counts.
     """
+    sizes = dict(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+    )
+    if head_dim is not None:
+        sizes["head_dim"] = head_dim
+    for field, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}: must be a positive integer, got {value!r}")
+    if head_dim is None and embed_dim % num_heads:
+        raise ValueError(
+            f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads}), or set head_dim"
+        )
     head_dim = head_dim or embed_dim // num_heads
     if lora is not None and lora.apply_lora_to_output and tie_word_embeddings:
         raise ValueError("apply_lora_to_output needs an untied output projection; set it to False")
