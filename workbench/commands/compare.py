@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.config import parse_yaml
     from engine.tracking.db import open_db
-    from engine.tracking.readers import get_run, summarize
+    from engine.tracking.readers import eval_results, get_run, summarize
     from workbench.cli_format import config_diff, emit, json_safe, table
     from workbench.errors import UserError
     from workbench.run_progress import human_number
@@ -25,10 +25,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("compare needs two or more runs: tunebench compare RUN RUN ...")
     with open_db(create=False) as db:
         summaries = [summarize(get_run(r, db=db), db=db) for r in args.runs]
+        evals = [latest_scores(eval_results(s.run.id, db=db)) for s in summaries]
     configs = [parse_yaml(s.run.config_text, source=f"run {s.run.name}") for s in summaries]
     diff = config_diff(configs)
     if args.json:
-        emit(json.dumps(json_safe({"runs": [s.to_dict() for s in summaries], "config_diff": diff}), indent=2))
+        payload = {
+            "runs": [s.to_dict() for s in summaries],
+            "config_diff": diff,
+            "eval_results": {
+                s.run.id: [{"task": t, "metric": m, "value": v, "step": st} for (t, m), (v, st) in e.items()]
+                for s, e in zip(summaries, evals)
+            },
+        }
+        emit(json.dumps(json_safe(payload), indent=2))
         return 0
     names = [s.run.name for s in summaries]
     f = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
@@ -42,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         ["peak memory GB", *[f(s.mem_peak_gb) for s in summaries]],
         ["parent", *[s.run.parent_id or "-" for s in summaries]],
     ]
+    for task, metric in sorted({key for e in evals for key in e}):
+        cells = []
+        for e in evals:
+            value, step = e.get((task, metric), (None, None))
+            cells.append("-" if value is None else f"{value:.4g} @ step {step}")
+        rows.append([f"eval {task} {metric}", *cells])
     text = table(["", *names], rows) + "\n\n"
     if diff:
         text += "config differences:\n" + table(
@@ -51,6 +66,14 @@ def run(args: argparse.Namespace) -> int:
         text += "configs are identical (output_dir aside)"
     emit(text)
     return 0
+
+
+def latest_scores(rows) -> dict[tuple[str, str], tuple[float, int]]:
+    """(task, metric) -> (value, step) of a run's newest evaluation of each score."""
+    latest: dict[tuple[str, str], tuple[float, int]] = {}
+    for row in rows:  # ordered by step, then id: later rows win
+        latest[(row.task, row.metric)] = (row.value, row.step)
+    return latest
 
 
 def _show(v) -> str:
