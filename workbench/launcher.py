@@ -72,7 +72,12 @@ def create_run(
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: the config is not a mapping of key: value — write one", field=source)
     cfg = apply_overrides(cfg, list(overrides))
-    cfg.pop("output_dir", None)
+    run_id = new_run_id()
+    while run_dir(run_id).exists():
+        run_id = new_run_id()
+    out = run_dir(run_id)
+    # Set before validating: a config may refer to it (`${output_dir}/samples`).
+    cfg["output_dir"] = str(out)
     if validate:
         problems = validate_config(cfg, recipe=recipe if module is None else None)
         if problems:
@@ -82,11 +87,6 @@ def create_run(
                 else ""
             )
             raise ConfigError(f"{source}: " + "; ".join(str(p) for p in problems[:3]) + more, field=source)
-    run_id = new_run_id()
-    while run_dir(run_id).exists():
-        run_id = new_run_id()
-    out = run_dir(run_id)
-    cfg["output_dir"] = str(out)
     text = dump_config(
         cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
     )
