@@ -25,6 +25,7 @@ class RunDataArrived(Message):
     events: list[dict[str, Any]] = field(default_factory=list)
     log_text: str = ""
     step_times: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time) of rank-0 loss rows
+    evals: list[dict[str, Any]] | None = None  # all eval scores (step, task, metric, value); None: unchanged
 
 
 @dataclass

@@ -335,6 +335,9 @@ async def test_grpo_panels_and_samples_newest_first(tunebench_home):
                 "actor_restarts": 0.0, "loss/kd": 0.5, "loss/ce": 1.5,
             },
         )  # fmt: skip
+    log.eval_result(2, "gsm8k_local", "exact_match", 0.25)
+    log.eval_result(3, "gsm8k_local", "exact_match", 0.5)
+    log.eval_result(3, "arith_mc", "acc", 0.75)
     log.close()
     run_dir = tunebench_home / "runs" / rid
     lines = [
@@ -365,6 +368,10 @@ async def test_grpo_panels_and_samples_newest_first(tunebench_home):
             "completion_length", "staleness", "buffer_dropped", "actor_restarts",
         }  # fmt: skip
         assert set(live.query_one("#plot-terms", MetricPlot).series) == {"loss/kd", "loss/ce"}
+        evals = live.query_one("#evals")
+        assert evals.display and evals.row_count == 2
+        assert [str(c) for c in evals.get_row_at(1)] == ["gsm8k_local / exact_match", "0.25", "0.5"]
+        assert [str(c) for c in evals.get_row_at(0)] == ["arith_mc / acc", "-", "0.75"]
         await pilot.press("s")
         samples = await wait_for(pilot, lambda: isinstance(app.screen, SamplesScreen) and app.screen)
         await wait_for(pilot, lambda: samples.rows, what="samples read")
@@ -376,3 +383,31 @@ async def test_grpo_panels_and_samples_newest_first(tunebench_home):
         assert "what is 2+[1]?" in str(samples.query_one("#sample-full").render())
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen), what="back to live")
+
+
+async def test_compare_shows_eval_scores_per_run_at_their_step(tunebench_home):
+    """Compare: the latest score of each task/metric per run with its step."""
+    from engine.tracking import MetricLogger
+    from workbench.screens.compare import CompareScreen
+
+    a = make_finished_run("ra", "sft", [2.0, 1.5, 1.2], "lr: 0.0001\n")
+    b = make_finished_run("rb", "sft", [2.0, 1.4, 1.0], "lr: 0.0002\n")
+    for rid, scores in ((a, [(2, "arith_mc", 0.2), (3, "arith_mc", 0.3)]), (b, [(3, "arith_mc", 0.45)])):
+        log = MetricLogger(run_id=rid, echo=False, max_delay_s=0)
+        for step, task, v in scores:
+            log.eval_result(step, task, "acc", v)
+        log.close()
+    log = MetricLogger(run_id=b, echo=False, max_delay_s=0)
+    log.eval_result(3, "gsm8k_local", "exact_match", 0.125)
+    log.close()
+    app = make_app(interval=60)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("compare", run_ids=[a, b]))
+        cmp = await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen)
+        await wait_for(pilot, lambda: len(cmp.data) == 2, what="compare data")
+        await pilot.pause(0.1)
+        table = cmp.query_one("#evals")
+        assert table.display
+        assert [str(c.label) for c in table.ordered_columns] == ["task / metric", "ra", "rb"]
+        assert [str(c) for c in table.get_row_at(0)] == ["arith_mc / acc", "0.3 @3", "0.45 @3"]
+        assert [str(c) for c in table.get_row_at(1)] == ["gsm8k_local / exact_match", "-", "0.125 @3"]

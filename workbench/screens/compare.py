@@ -1,6 +1,7 @@
 """Compare: two or more runs' curves overlaid by step, a summary table (final and best loss,
-median tokens/s, peak memory beside the memory estimate, wall time) and their config differences
-grouped as model, data mix, recipe, memory options and hyperparameters.
+median tokens/s, peak memory beside the memory estimate, wall time), their evaluation scores (latest
+value of each task/metric and its step, when `tunebench eval` recorded any) and their config
+differences grouped as model, data mix, recipe, memory options and hyperparameters.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from workbench.messages import ActionDone
 from workbench.screens import services
 from workbench.screens.config_diff import config_diff
+from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.runs_table import format_duration
 
@@ -99,12 +101,14 @@ class CompareScreen(Screen):
         # run id -> metric name -> (steps, values) of rank 0
         self.data: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
         self.metric = "loss"
+        self.evals: dict[str, list[dict[str, Any]]] = {}  # run id -> eval rows (step, task, metric, value)
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="compare-top"):
             yield MetricPlot("loss", id="compare-plot")
         yield DataTable(id="summary", cursor_type="none")
+        yield EvalTable(id="evals")
         with VerticalScroll(id="diff-box"):
             yield Static("loading...", id="diff")
         yield Footer()
@@ -115,7 +119,7 @@ class CompareScreen(Screen):
 
     @work(thread=True, exclusive=True, group="compare-load")
     def load(self) -> None:
-        runs, data = {}, {}
+        runs, data, evals = {}, {}, {}
         try:
             for rid in self.run_ids:
                 run, metrics, _ = services.poll_run(rid, after_metric=0, after_event=0)
@@ -127,14 +131,23 @@ class CompareScreen(Screen):
                         ys.append(m.value)
                 runs[rid], data[rid] = run, as_arrays(series)
                 run["estimate_gb"] = _estimate_gb(run)
+                evals[rid] = services.eval_rows(rid)
         except Exception as exc:
             self.post_message(ActionDone("compare", f"cannot read runs: {exc}", ok=False))
             return
-        self.app.call_from_thread(self.show, runs, data)
+        self.app.call_from_thread(self.show, runs, data, evals)
 
-    def show(self, runs: dict[str, dict[str, Any]], data: dict[str, dict[str, tuple[list, list]]]) -> None:
-        """Fill the plot, the summary table and the diff (also used by the benchmark)."""
-        self.runs, self.data = runs, data
+    def show(
+        self,
+        runs: dict[str, dict[str, Any]],
+        data: dict[str, dict[str, tuple[list, list]]],
+        evals: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
+        """Fill the plot, the summary and evaluation tables and the diff (also used by the benchmark)."""
+        self.runs, self.data, self.evals = runs, data, evals or {}
+        self.query_one(EvalTable).show_runs(
+            {str(runs[rid].get("name")): self.evals.get(rid, []) for rid in self.run_ids if rid in runs}
+        )
         self.redraw_plot()
         table = self.query_one("#summary", DataTable)
         table.clear(columns=True)

@@ -4,7 +4,8 @@ the log tail, and toasts for NaN, out-of-memory, checkpoints and the end of the 
 Recipe panels appear when the recipe logs them: rewards and KL (DPO rewards/margins, GRPO reward,
 KL and clip fraction), loss terms (KD's `loss/kd` and `loss/ce`, loss per data source), and GRPO's
 rollout statistics (completion length, staleness, dropped rollouts, actor restarts). `s` opens the
-GRPO sample completions (`samples.jsonl`).
+GRPO sample completions (`samples.jsonl`). Evaluation scores (`tunebench eval`) show as a table
+of task/metric by step when the run has any.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from textual.widgets import Footer, Header, Label
 from workbench.messages import ActionDone, RunDataArrived
 from workbench.screens import services
 from workbench.screens.confirm import ConfirmScreen
+from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.log_tail import LogTail
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.run_progress import RunProgress
@@ -99,6 +101,7 @@ class LiveRunScreen(Screen):
         self.series: dict[str, dict[int, tuple[list[int], list[float]]]] = defaultdict(dict)
         self._after_metric = 0
         self._after_event = 0
+        self._eval_count = -1  # eval rows shown so far (-1: not read yet)
         self._log_offset = 0
         self._last_status: str | None = None
         self._recipe_panels: set[str] = set()  # recipe panel ids mounted so far
@@ -113,6 +116,7 @@ class LiveRunScreen(Screen):
         with Grid(id="plots"):
             for pid, (title, _) in PLOTS.items():
                 yield MetricPlot(title, id=f"plot-{pid}")
+        yield EvalTable(id="evals")
         yield LogTail()
         yield Footer()
 
@@ -141,6 +145,7 @@ class LiveRunScreen(Screen):
                 self.run_id, after_metric=self._after_metric, after_event=self._after_event
             )
             log_text, offset = services.read_log(self.run_id, run.get("output_dir"), self._log_offset)
+            evals = services.eval_rows(self.run_id)
         except Exception as exc:
             self.post_message(ActionDone("poll", f"cannot read run {self.run_id}: {exc}", ok=False))
             return
@@ -152,6 +157,10 @@ class LiveRunScreen(Screen):
         if events:
             self._after_event = max(e.id for e in events)
         self._log_offset = offset
+        if len(evals) == self._eval_count:
+            evals = None  # unchanged: no redraw
+        else:
+            self._eval_count = len(evals)
         self.post_message(
             RunDataArrived(
                 self.run_id,
@@ -160,6 +169,7 @@ class LiveRunScreen(Screen):
                 [{"kind": e.kind, "text": e.text, "step": e.step} for e in events],
                 log_text,
                 [(m.step, m.time) for m in metrics if m.name == "loss" and m.rank == 0],
+                evals,
             )
         )
 
@@ -175,6 +185,8 @@ class LiveRunScreen(Screen):
         if message.metrics:
             self._replot(set(message.metrics))
         self.query_one(LogTail).append_text(message.log_text)
+        if message.evals is not None:
+            self.query_one(EvalTable).show_steps(message.evals)
         for event in message.events if self._caught_up else ():  # no toasts for history
             severity, label = TOAST_EVENTS.get(event["kind"], (None, None))
             if severity:
@@ -277,6 +289,7 @@ class LiveRunScreen(Screen):
         with self._poll_lock:
             self._after_metric = 0
             self._log_offset = 0
+            self._eval_count = -1
             self._step_times.clear()
 
             def clear() -> None:

@@ -74,6 +74,15 @@ def poll_run(run_id: str, *, after_metric: int, after_event: int) -> tuple[dict,
     return run, metrics, events
 
 
+def eval_rows(run_id: str) -> list[dict[str, Any]]:
+    """Every evaluation score of a run (`tunebench eval`), by step: dicts of step, task, metric, value."""
+    from engine.tracking import readers
+
+    with _db() as db:
+        rows = readers.eval_results(run_id, db=db)
+    return [{"step": r.step, "task": r.task, "metric": r.metric, "value": r.value} for r in rows]
+
+
 def launch_config(
     *,
     recipe: str,
