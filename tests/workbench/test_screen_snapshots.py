@@ -120,6 +120,13 @@ def snap_home(tunebench_home, tmp_path, monkeypatch):
             extra={"rewards/chosen": lambda s: 0.02 * s, "rewards/margins": lambda s: 0.035 * s},
         ),
     }
+    from engine.tracking import MetricLogger
+
+    for rid, scores in ((ids["a"], (0.42, 0.18)), (ids["b"], (0.47, 0.22))):  # Compare's evaluation table
+        log = MetricLogger(run_id=rid, echo=False, max_delay_s=0)
+        log.eval_result(60, "arith_mc", "acc", scores[0])
+        log.eval_result(60, "gsm8k_local", "exact_match", scores[1])
+        log.close()
     yield ids
     monkeypatch.delenv("TZ")
     time.tzset()
