@@ -1,6 +1,6 @@
 """Small helpers the recipes share. Recipes copy-and-modify their training loops; only these
 loop-independent pieces live here: the command line, dtypes, seeding, a resumable batch sampler,
-the SIGTERM flag, and calling a decoder for its hidden states."""
+the SIGTERM flag, calling a decoder for its hidden states, and the entry point's exit-code contract."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import random
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ConfigError
+from engine.config import ConfigError, load_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -169,3 +170,45 @@ def resolve_model_dir(path: str | Path) -> Path:
             field="checkpoint_dir",
         )
     return folder
+
+
+class LossIsNaN(RuntimeError):
+    """The step's loss is not finite: the run stops as failed, keeping the last good checkpoint."""
+
+
+def run_recipe_main(
+    argv: list[str] | None,
+    *,
+    name: str,
+    recipe_cls: Callable[..., Any],
+    check_config: Callable[[dict], None],
+) -> None:
+    """A training recipe's entry point: `--config FILE [overrides]`, run, end every rank with its code.
+
+    Exit codes (docs/ARCHITECTURE.md): 0 done or stopped by SIGTERM after a checkpoint; 1 a NaN/inf loss
+    (`LossIsNaN`: its message on stderr and a `nan` event for the workbench's toast); 2 a bad config
+    (`ConfigError`: one line `NAME: field: what — what to do`). Never returns: `shutdown` exits the rank.
+    """
+    from engine.training import init_distributed, shutdown
+
+    config_path, overrides = parse_recipe_args(argv, prog=f"python -m engine.recipes.{name}")
+    code, recipe = 0, None
+    try:
+        cfg = load_config(config_path, overrides)
+        check_config(cfg)
+        recipe = recipe_cls(cfg, dist_info=init_distributed())
+        recipe.setup()
+        code = recipe.train()
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        code = 2
+    except LossIsNaN as exc:
+        print(str(exc), file=sys.stderr)
+        logger = getattr(recipe, "logger", None)
+        if logger is not None:
+            logger.event(getattr(recipe, "global_step", 0) + 1, "nan", str(exc))
+        code = 1
+    finally:
+        if recipe is not None:
+            recipe.cleanup()
+    shutdown(code)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -27,13 +26,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
-from engine.config import ConfigError, instantiate, load_config
+from engine.config import ConfigError, instantiate
 from engine.recipes._common import (
     EpochBatchSampler,
+    LossIsNaN,
     StopFlag,
     parse_dtype,
-    parse_recipe_args,
     pick_device,
+    run_recipe_main,
     set_seed,
 )
 from engine.rl.logprobs import token_logprobs
@@ -65,10 +65,6 @@ CONFIG_KEYS: dict[str, str] = {
     "shuffle": "shuffle pairs each epoch (seeded)",
     "allowed_components": "extra module prefixes allowed in _component_",
 }
-
-
-class LossIsNaN(RuntimeError):
-    """The step's loss is not finite."""
 
 
 class DPORecipe:
@@ -350,28 +346,9 @@ def check_config(cfg: dict, recipe: str = "dpo") -> None:
         raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
 
 
-def recipe_main(argv: list[str] | None = None) -> int:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code."""
-    from engine.training import init_distributed, shutdown
-
-    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.dpo")
-    code, recipe = 0, None
-    try:
-        cfg = load_config(config_path, overrides)
-        check_config(cfg)
-        recipe = DPORecipe(cfg, dist_info=init_distributed())
-        recipe.setup()
-        code = recipe.train()
-    except ConfigError as exc:
-        print(f"dpo: {exc}", file=sys.stderr)
-        code = 2
-    except LossIsNaN as exc:
-        print(str(exc), file=sys.stderr)
-        code = 1
-    finally:
-        if recipe is not None:
-            recipe.cleanup()
-    shutdown(code)
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
+    run_recipe_main(argv, name="dpo", recipe_cls=DPORecipe, check_config=check_config)
 
 
 if __name__ == "__main__":

@@ -21,21 +21,22 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
-from engine.config import ConfigError, instantiate, load_config
+from engine.config import ConfigError, instantiate
 from engine.recipes._common import (
     EpochBatchSampler,
+    LossIsNaN,
     StopFlag,
     parse_dtype,
-    parse_recipe_args,
     pick_device,
+    run_recipe_main,
     set_seed,
 )
 from engine.rl.policy import build_model, rank_world
@@ -77,10 +78,6 @@ CONFIG_KEYS: dict[str, str] = {
     "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
 }
 CALL_SITE_ARGS = {"completions", "answers", "prompts"}
-
-
-class LossIsNaN(RuntimeError):
-    """The step's loss is not finite."""
 
 
 def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -424,29 +421,13 @@ class GRPORecipe:
             self.logger.close()
 
 
-def recipe_main(argv: list[str] | None = None) -> int:
-    """Entry point: `--config FILE [overrides]`."""
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
     from engine.recipes.dpo import check_config
-    from engine.training import init_distributed, shutdown
 
-    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.grpo")
-    code, recipe = 0, None
-    try:
-        cfg = load_config(config_path, overrides)
-        check_config(cfg, recipe="grpo")
-        recipe = GRPORecipe(cfg, dist_info=init_distributed())
-        recipe.setup()
-        code = recipe.train()
-    except ConfigError as exc:
-        print(f"grpo: {exc}", file=sys.stderr)
-        code = 2
-    except LossIsNaN as exc:
-        print(str(exc), file=sys.stderr)
-        code = 1
-    finally:
-        if recipe is not None:
-            recipe.cleanup()
-    shutdown(code)
+    run_recipe_main(
+        argv, name="grpo", recipe_cls=GRPORecipe, check_config=partial(check_config, recipe="grpo")
+    )
 
 
 if __name__ == "__main__":

@@ -24,15 +24,15 @@ is restarted by Ray; the trainer re-sends the weights and the lost request, and 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from engine.config import ConfigError, load_config
-from engine.recipes._common import parse_recipe_args
+from engine.config import ConfigError
+from engine.recipes._common import run_recipe_main
 from engine.recipes.grpo import CALL_SITE_ARGS, GRPORecipe, LossIsNaN  # noqa: F401 - CALL_SITE_ARGS for validate
 from engine.recipes.grpo import CONFIG_KEYS as _SYNC_KEYS
 from engine.rl.buffer import ReplayBuffer
@@ -274,29 +274,16 @@ class AsyncGRPORecipe(GRPORecipe):
             ray.shutdown()
 
 
-def recipe_main(argv: list[str] | None = None) -> int:
-    """Entry point: `--config FILE [overrides]`."""
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
     from engine.recipes.dpo import check_config
-    from engine.training import init_distributed, shutdown
 
-    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.grpo_async")
-    code, recipe = 0, None
-    try:
-        cfg = load_config(config_path, overrides)
-        check_config(cfg, recipe="grpo_async")
-        recipe = AsyncGRPORecipe(cfg, dist_info=init_distributed())
-        recipe.setup()
-        code = recipe.train()
-    except ConfigError as exc:
-        print(f"grpo_async: {exc}", file=sys.stderr)
-        code = 2
-    except LossIsNaN as exc:
-        print(str(exc), file=sys.stderr)
-        code = 1
-    finally:
-        if recipe is not None:
-            recipe.cleanup()
-    shutdown(code)
+    run_recipe_main(
+        argv,
+        name="grpo_async",
+        recipe_cls=AsyncGRPORecipe,
+        check_config=partial(check_config, recipe="grpo_async"),
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -33,15 +32,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
-from engine.config import ConfigError, instantiate, load_config
+from engine.config import ConfigError, instantiate
 from engine.recipes._common import (
     EpochBatchSampler,
+    LossIsNaN,
     StopFlag,
     forward_replaced,
     parse_dtype,
-    parse_recipe_args,
     pick_device,
     resolve_model_dir,
+    run_recipe_main,
     set_seed,
 )
 
@@ -91,10 +91,6 @@ def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-class LossIsNaN(RuntimeError):
-    """The step's loss is not finite: the run stops as failed, keeping the last good checkpoint."""
 
 
 class SFTRecipe:
@@ -645,32 +641,9 @@ def check_config(cfg: dict) -> None:
         raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
 
 
-def recipe_main(argv: list[str] | None = None) -> int:
-    """Entry point: parse `--config FILE [overrides]`, run, and end every rank with its exit code."""
-    from engine.training import init_distributed, shutdown
-
-    config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.sft")
-    code = 0
-    recipe = None
-    try:
-        cfg = load_config(config_path, overrides)
-        check_config(cfg)
-        info = init_distributed()
-        recipe = SFTRecipe(cfg, dist_info=info)
-        recipe.setup()
-        code = recipe.train()
-    except ConfigError as exc:
-        print(f"sft: {exc}", file=sys.stderr)
-        code = 2
-    except LossIsNaN as exc:
-        print(str(exc), file=sys.stderr)
-        if recipe is not None and recipe.logger is not None:
-            recipe.logger.event(recipe.global_step + 1, "nan", str(exc))
-        code = 1
-    finally:
-        if recipe is not None:
-            recipe.cleanup()
-    shutdown(code)
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
+    run_recipe_main(argv, name="sft", recipe_cls=SFTRecipe, check_config=check_config)
 
 
 if __name__ == "__main__":
