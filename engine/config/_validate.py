@@ -11,7 +11,10 @@ What is checked:
   (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, num_training_steps, plus a
   recipe's own) are not reported missing.
 - with `recipe=NAME`: when `engine.recipes.NAME` declares `CONFIG_KEYS: dict[str, str]`, unknown
-  top-level keys (did-you-mean). `allowed_components` is always accepted.
+  top-level keys (did-you-mean). `allowed_components` is always accepted. When it declares
+  `CONFIG_TYPES: dict[str, KeyRule]`, each top-level key's value (type, bounds, allowed words, required
+  keys, the keys and values of a plain mapping such as `validation:`), so `batch_size: two` or
+  `optimizer_in_bwd: "no"` is reported here rather than failing (or silently meaning True) in the run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +301,119 @@ def _check_top_keys(cfg: dict, keys: dict[str, str], out: list[ConfigProblem]) -
             )
 
 
+@dataclass(frozen=True)
+class KeyRule:
+    """What one top-level config key of a recipe accepts (recipes list them in `CONFIG_TYPES`).
+
+    Args:
+        type: an annotation as in a builder signature (`int`, `float | None`, `bool`, `dict | list`).
+        minimum: smallest allowed number (inclusive), or None. `above`: the number must exceed it.
+        pattern: a regex (full match, case-insensitive) a string value must match; `expect` words it.
+        component: a `_component_` mapping (or, with `list` in `type`, a list of them).
+        required: the key must be present (and not null).
+        keys: for a plain mapping, the rules of its keys; other keys are reported unknown.
+    """
+
+    type: Any
+    minimum: float | None = None
+    above: float | None = None
+    pattern: str | None = None
+    expect: str = ""
+    component: bool = False
+    required: bool = False
+    keys: dict[str, KeyRule] | None = field(default=None, hash=False)
+
+    def wanted(self) -> str:
+        """`an integer >= 1 or null`: what to write instead, in a YAML writer's words."""
+        if self.expect:
+            return self.expect
+        members = _members(self.type)
+        nullable = type(None) in members
+        members = [m for m in members if m is not type(None)]
+        if self.component:
+            words = ["a mapping with _component_"] + (["a list of them"] if list in members else [])
+        else:
+            words = [_PLAIN_WORDS.get(_type_name(m), _type_name(m)) for m in members]
+        bound = (
+            f" >= {_num(self.minimum)}" if self.minimum is not None
+            else f" > {_num(self.above)}" if self.above is not None else ""
+        )  # fmt: skip
+        return " or ".join([words[0] + bound, *words[1:]] + (["null"] if nullable else []))
+
+
+# How `wanted` words a type for someone writing YAML.
+_PLAIN_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+                "dict": "a mapping", "a mapping": "a mapping", "list": "a list"}  # fmt: skip
+
+
+def _members(ann: Any) -> list:
+    origin = typing.get_origin(ann)
+    if origin is typing.Union or origin is types.UnionType:
+        return list(typing.get_args(ann))
+    return [ann]
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _rule_problem(value: Any, rule: KeyRule) -> str | None:
+    """Why `value` breaks `rule` (`got str 'two'`), or None when it fits."""
+    got = f"got {type(value).__name__} {value!r}" if value is not None else "got null"
+    if value is None:
+        if rule.required:
+            return "missing"
+        return None if _accepts(None, rule.type) is not False else got
+    if value is UNRESOLVED:
+        return None
+    if _accepts(value, rule.type) is False:
+        return got
+    if rule.component:
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(_is_component(v) for v in items):
+            return got
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if rule.minimum is not None and value < rule.minimum:
+            return got
+        if rule.above is not None and value <= rule.above:
+            return got
+    if rule.pattern is not None and isinstance(value, str) and not re.fullmatch(rule.pattern, value, re.I):
+        return got
+    return None
+
+
+def _check_key_types(
+    cfg: dict, rules: dict[str, KeyRule], out: list[ConfigProblem], prefix: tuple = ()
+) -> None:
+    for key, rule in rules.items():
+        if not isinstance(rule, KeyRule):
+            continue
+        here = dotted(prefix + (key,))
+        if key not in cfg:
+            if rule.required:
+                out.append(ConfigProblem(here, "missing", f"add `{key}:` with {rule.wanted()}"))
+            continue
+        value = cfg[key]
+        why = _rule_problem(value, rule)
+        if why == "missing":
+            out.append(ConfigProblem(here, "missing (null)", f"set it to {rule.wanted()}"))
+        elif why is not None:
+            out.append(
+                ConfigProblem(here, f"expects {rule.wanted()}, {why}", f"change it to {rule.wanted()}")
+            )
+        elif rule.keys is not None and isinstance(value, dict):
+            for sub in value:
+                if sub not in rule.keys:
+                    out.append(
+                        ConfigProblem(
+                            dotted(prefix + (key, sub)),
+                            f"unknown key under {here}{did_you_mean(str(sub), rule.keys)}",
+                            f"remove it or use one of: {', '.join(rule.keys)}",
+                        )
+                    )
+            _check_key_types(value, rule.keys, out, prefix + (key,))
+
+
 # ---- entry points ------------------------------------------------------------------------------------
 
 
@@ -331,6 +448,9 @@ def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
             keys = getattr(module, "CONFIG_KEYS", None)
             if isinstance(keys, dict):
                 _check_top_keys(resolved, keys, out)
+            rules = getattr(module, "CONFIG_TYPES", None)
+            if isinstance(rules, dict):
+                _check_key_types(resolved, rules, out)
     _walk(resolved, (), prefixes, call_site, out)
     seen: set[ConfigProblem] = set()
     return [p for p in out if not (p in seen or seen.add(p))]

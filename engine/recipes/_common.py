@@ -16,9 +16,87 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ConfigError, load_config
+from engine.config import ConfigError, KeyRule, load_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+_POSITIVE = KeyRule(int, minimum=1)
+_POSITIVE_OR_NULL = KeyRule(int | None, minimum=1)
+_COMPONENT = KeyRule(dict, component=True, required=True)
+_COMPONENT_OR_NULL = KeyRule(dict | None, component=True)
+
+# What each top-level key of the training recipes accepts; `engine.config.validate` checks a config
+# against these before anything is built (and `tunebench validate` without running), so that
+# `batch_size: two` is one line naming the key, and `optimizer_in_bwd: "no"` is not silently True.
+# A recipe takes the rules of its own keys: `CONFIG_TYPES = key_rules(CONFIG_KEYS)`.
+TRAINING_KEY_RULES: dict[str, KeyRule] = {
+    "output_dir": KeyRule(str | None),
+    "seed": KeyRule(int),
+    "device": KeyRule(str | None, pattern=r"cpu|auto|cuda(:\d+)?", expect="cpu, cuda, cuda:N or auto"),
+    "dtype": KeyRule(str, pattern="|".join(DTYPES), expect="fp32 or bf16"),
+    "checkpoint_dir": KeyRule(str | None),
+    "teacher_checkpoint_dir": KeyRule(str | None),
+    "model": _COMPONENT,
+    "teacher_model": _COMPONENT,
+    "tokenizer": _COMPONENT,
+    "dataset": KeyRule(dict | list, component=True, required=True),
+    "validation": KeyRule(
+        dict | None,
+        keys={
+            "fraction": KeyRule(float, above=0.0),
+            "dataset": KeyRule(dict | list | None, component=True),
+            "every_n_steps": _POSITIVE,
+            "max_batches": _POSITIVE_OR_NULL,
+        },
+    ),
+    "batch_size": _POSITIVE,
+    "gradient_accumulation_steps": _POSITIVE,
+    "epochs": _POSITIVE,
+    "max_steps_per_epoch": _POSITIVE_OR_NULL,
+    "optimizer": _COMPONENT,
+    "lr_scheduler": _COMPONENT_OR_NULL,
+    "clip_grad_norm": KeyRule(float | None, above=0.0),
+    "loss": _COMPONENT_OR_NULL,
+    "optimizer_in_bwd": KeyRule(bool),
+    "enable_activation_checkpointing": KeyRule(bool),
+    "ac_every_k": _POSITIVE,
+    "enable_activation_offloading": KeyRule(bool),
+    "compile": KeyRule(bool),
+    "fsdp": KeyRule(dict | None, keys={"reshard_after_forward": KeyRule(bool), "cpu_offload": KeyRule(bool)}),
+    "tensor_parallel_dim": _POSITIVE,
+    "save_every_n_steps": _POSITIVE_OR_NULL,
+    "keep_last_n_checkpoints": _POSITIVE,
+    "save_merged_model": KeyRule(bool),
+    "resume": KeyRule(bool | str | None),
+    "num_workers": KeyRule(int, minimum=0),
+    "shuffle": KeyRule(bool),
+    "log_every_n_steps": _POSITIVE,
+    # GRPO (sync and async)
+    "group_size": _POSITIVE,
+    "max_new_tokens": _POSITIVE,
+    "temperature": KeyRule(float, above=0.0),
+    "top_k": _POSITIVE_OR_NULL,
+    "top_p": KeyRule(float | None, above=0.0),
+    "stop_tokens": KeyRule(list[int] | None),
+    "rewards": KeyRule(dict | None),
+    "reward_weights": KeyRule(dict | None),
+    "scale_rewards": KeyRule(bool),
+    "ppo_epochs": _POSITIVE,
+    "minibatch_size": _POSITIVE_OR_NULL,
+    "num_samples_to_log": KeyRule(int, minimum=0),
+    "num_generators": _POSITIVE,
+    "max_staleness": KeyRule(int, minimum=0),
+    "weight_sync_every": _POSITIVE,
+    "ray_address": KeyRule(str | None),
+    "generator_num_cpus": KeyRule(float, above=0.0),
+    "generator_threads": _POSITIVE,
+    "buffer_capacity": _POSITIVE,
+}
+
+
+def key_rules(config_keys: dict[str, str]) -> dict[str, KeyRule]:
+    """The `TRAINING_KEY_RULES` of a recipe's own `CONFIG_KEYS` (its `CONFIG_TYPES`)."""
+    return {k: TRAINING_KEY_RULES[k] for k in config_keys if k in TRAINING_KEY_RULES}
 
 
 def parse_recipe_args(argv: list[str] | None, *, prog: str) -> tuple[Path, list[str]]:

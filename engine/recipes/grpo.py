@@ -34,6 +34,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    key_rules,
     parse_dtype,
     pick_device,
     run_recipe_main,
@@ -77,6 +78,7 @@ CONFIG_KEYS: dict[str, str] = {
     "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
     "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
 }
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
 CALL_SITE_ARGS = {"completions", "answers", "prompts"}
 
 

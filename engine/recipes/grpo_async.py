@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ConfigError
-from engine.recipes._common import run_recipe_main
+from engine.recipes._common import key_rules, run_recipe_main
 from engine.recipes.grpo import CALL_SITE_ARGS, GRPORecipe, LossIsNaN  # noqa: F401 - CALL_SITE_ARGS for validate
 from engine.recipes.grpo import CONFIG_KEYS as _SYNC_KEYS
 from engine.rl.buffer import ReplayBuffer
@@ -47,6 +47,7 @@ CONFIG_KEYS: dict[str, str] = {
     "generator_threads": "torch threads inside each generator",
     "buffer_capacity": "rollouts the replay buffer holds at most (oldest dropped first)",
 }
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
 
 
 class AsyncGRPORecipe(GRPORecipe):

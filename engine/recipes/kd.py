@@ -31,6 +31,7 @@ from engine.recipes._common import (
     LossIsNaN,
     StopFlag,
     forward_replaced,
+    key_rules,
     parse_dtype,
     pick_device,
     run_recipe_main,
@@ -65,6 +66,7 @@ CONFIG_KEYS: dict[str, str] = {
     "shuffle": "shuffle each epoch (seeded)",
     "allowed_components": "extra module prefixes allowed in _component_",
 }
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
 
 
 class KDRecipe:

@@ -38,6 +38,7 @@ from engine.recipes._common import (
     LossIsNaN,
     StopFlag,
     forward_replaced,
+    key_rules,
     parse_dtype,
     pick_device,
     resolve_model_dir,
@@ -79,6 +80,7 @@ CONFIG_KEYS: dict[str, str] = {
     "log_every_n_steps": "print a line every N steps when no tracker run is attached",
     "allowed_components": "extra module prefixes allowed in _component_ (see the Config section)",
 }
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
 
 
 def _rank_world() -> tuple[int, int]:

@@ -1,0 +1,182 @@
+"""Bad configs through the recipes and `tunebench validate`/`run`: each is one line on stderr naming the
+field and what to change, exit code 2, no traceback, and nothing written (DESIGN.md, "Product interface").
+
+The recipes run in this process (`recipe_main([...])`) with `engine.training.shutdown` replaced by an
+exception carrying the exit code, so each case costs milliseconds: every one of these is refused by
+`validate` before a model or dataset is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+
+import pytest
+
+from engine.config import dump_config
+from workbench.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+TINY_MODEL = {
+    "_component_": "engine.models.llama3.llama3",
+    "vocab_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64,
+    "intermediate_dim": 128, "max_seq_len": 64,
+}  # fmt: skip
+SFT = {
+    "seed": 0, "device": "cpu", "dtype": "fp32", "checkpoint_dir": None,
+    "model": TINY_MODEL,
+    "tokenizer": {"_component_": "engine.data.tokenizers.load_tokenizer", "path": "/nonexistent/tokenizer"},
+    "dataset": {"_component_": "engine.data.instruct_dataset", "source": "/nonexistent/rows.json", "max_seq_len": 48},
+    "batch_size": 4, "gradient_accumulation_steps": 1, "epochs": 1, "max_steps_per_epoch": 2,
+    "optimizer": {"_component_": "torch.optim.AdamW", "lr": 3e-3},
+    "clip_grad_norm": None, "save_every_n_steps": None, "keep_last_n_checkpoints": 2,
+}  # fmt: skip
+DPO = {k: v for k, v in SFT.items() if k != "dataset"} | {
+    "dataset": {"_component_": "engine.data.demo_preference_dataset", "n": 8, "max_seq_len": 80, "cache": False},
+    "loss": {"_component_": "engine.modules.loss.DPOLoss", "beta": 0.1},
+}  # fmt: skip
+KD = SFT | {"teacher_model": TINY_MODEL, "teacher_checkpoint_dir": None}
+GRPO = {
+    "seed": 0, "device": "cpu", "dtype": "fp32", "checkpoint_dir": None,
+    "model": TINY_MODEL | {"vocab_size": 16},
+    "tokenizer": {"_component_": "engine.rl.toy_task.DigitTokenizer"},
+    "dataset": {"_component_": "engine.rl.toy_task.digit_successor_dataset", "n": 40, "seed": 0},
+    "batch_size": 4, "group_size": 8, "max_new_tokens": 2, "temperature": 1.0,
+    "rewards": {"correct": {"_component_": "engine.rl.toy_task.digit_successor_reward"}},
+    "ppo_epochs": 1, "epochs": 1, "max_steps_per_epoch": 1,
+    "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-2},
+}  # fmt: skip
+BASE = {"sft": SFT, "dpo": DPO, "kd": KD, "grpo": GRPO}
+
+
+class _Exited(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _write(tmp_path: Path, recipe: str, cfg: dict) -> Path:
+    path = tmp_path / f"{recipe}.yaml"
+    path.write_text(f"# tunebench run {recipe} --config {path.name}\n" + dump_config(cfg))
+    return path
+
+
+def _config(recipe: str, tmp_path: Path, change: dict) -> dict:
+    cfg = copy.deepcopy(BASE[recipe]) | {"output_dir": str(tmp_path / "out")}
+    for key, value in change.items():
+        node = cfg
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node[p]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return cfg
+
+
+_DELETE = object()
+
+
+def run_recipe(monkeypatch, capsys, recipe: str, path: Path, *overrides: str) -> tuple[int, list[str], str]:
+    """`python -m engine.recipes.<recipe> --config path overrides` in this process: (code, lines, err)."""
+    import engine.training
+
+    def _shutdown(code: int = 0):
+        raise _Exited(code)
+
+    monkeypatch.setattr(engine.training, "shutdown", _shutdown)
+    module = importlib.import_module(f"engine.recipes.{recipe}")
+    capsys.readouterr()
+    with pytest.raises(_Exited) as info:
+        module.recipe_main(["--config", str(path), *overrides])
+    err = capsys.readouterr().err
+    return info.value.code, err.strip().splitlines(), err
+
+
+# (recipe, change, the words the one line must hold). Each of these was a traceback (ValueError,
+# KeyError, AttributeError from int()/dict()/cfg[...]) or silently ran with the wrong meaning
+# (`optimizer_in_bwd: "no"` is True to bool(); `batch_size: 2.5` trained with 2; `save_every_n_steps: 0`
+# never saved) before the recipes declared CONFIG_TYPES.
+CASES = [
+    ("sft", {"batch_size": "two"}, "batch_size: expects an integer >= 1, got str 'two'"),
+    ("sft", {"batch_size": 2.5}, "batch_size: expects an integer >= 1, got float 2.5"),
+    ("sft", {"seed": "abc"}, "seed: expects an integer, got str 'abc'"),
+    ("sft", {"max_steps_per_epoch": "abc"}, "max_steps_per_epoch: expects an integer >= 1 or null"),
+    ("sft", {"max_steps_per_epoch": -1}, "max_steps_per_epoch: expects an integer >= 1 or null, got int -1"),
+    ("sft", {"clip_grad_norm": "abc"}, "clip_grad_norm: expects a number > 0 or null"),
+    ("sft", {"save_every_n_steps": 0}, "save_every_n_steps: expects an integer >= 1 or null, got int 0"),
+    ("sft", {"optimizer_in_bwd": "no"}, "optimizer_in_bwd: expects true or false, got str 'no'"),
+    ("sft", {"num_workers": -1}, "num_workers: expects an integer >= 0, got int -1"),
+    ("sft", {"validation": "yes"}, "validation: expects a mapping or null, got str 'yes'"),
+    ("sft", {"validation": {"fractoin": 0.1}}, "validation.fractoin: unknown key under validation (did you mean 'fraction'?)"),
+    ("sft", {"fsdp": "yes"}, "fsdp: expects a mapping or null, got str 'yes'"),
+    ("sft", {"model": _DELETE}, "model: missing — add `model:` with a mapping with _component_"),
+    ("sft", {"dataset": _DELETE}, "dataset: missing"),
+    ("sft", {"model": "llama"}, "model: expects a mapping with _component_, got str 'llama'"),
+    ("sft", {"dtype": "fp8"}, "dtype: expects fp32 or bf16, got str 'fp8'"),
+    ("sft", {"device": "gpu"}, "device: expects cpu, cuda, cuda:N or auto, got str 'gpu'"),
+    ("sft", {"gradient_accumulation_steps": 0}, "gradient_accumulation_steps: expects an integer >= 1, got int 0"),
+    ("dpo", {"batch_size": "two"}, "batch_size: expects an integer >= 1, got str 'two'"),
+    ("kd", {"seed": "abc"}, "seed: expects an integer, got str 'abc'"),
+    ("grpo", {"group_size": "two"}, "group_size: expects an integer >= 1, got str 'two'"),
+    ("grpo", {"rewards": ["x"]}, "rewards: expects a mapping or null, got list ['x']"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("recipe", "change", "needle"), CASES, ids=[f"{r}-{next(iter(c))}" for r, c, _ in CASES]
+)
+def test_recipe_refuses_a_bad_value_in_one_line(recipe, change, needle, tmp_path, monkeypatch, capsys):
+    path = _write(tmp_path, recipe, _config(recipe, tmp_path, change))
+    code, lines, err = run_recipe(monkeypatch, capsys, recipe, path)
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"{recipe}: ") and needle in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize(("recipe", "change", "needle"), CASES[:6] + CASES[-3:])
+def test_validate_finds_it_without_running(recipe, change, needle, tmp_path, capsys):
+    path = _write(tmp_path, recipe, _config(recipe, tmp_path, change))
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert needle in out and "Traceback" not in out, out
+
+
+def test_validate_reports_every_bad_value_at_once(tmp_path, capsys):
+    cfg = _config("sft", tmp_path, {"batch_size": "two", "epochs": -1, "dtype": "fp8"})
+    path = _write(tmp_path, "sft", cfg)
+    capsys.readouterr()
+    assert main(["validate", str(path), "optimizer_in_bwd=maybe"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(":")[0] for line in out[:-1]) == [
+        "batch_size",
+        "dtype",
+        "epochs",
+        "optimizer_in_bwd",
+    ]
+    assert out[-1] == f"4 problems in {path}"
+
+
+def test_the_builtin_configs_still_validate(capsys):
+    for name in (
+        "demo/smollm2_135m_lora",
+        "demo/smollm2_135m_lora_dpo",
+        "llama3_2/1B_kd",
+        "qwen2_5/0.5B_lora_grpo",
+    ):
+        assert main(["validate", name]) == 0, capsys.readouterr().out
+
+
+def test_tunebench_run_with_a_bad_value_registers_nothing(tunebench_home, tmp_path, capsys):
+    path = _write(tmp_path, "sft", _config("sft", tmp_path, {}))
+    capsys.readouterr()
+    assert main(["run", "sft", "--config", str(path), "batch_size=two", "--detach"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "batch_size: expects an integer >= 1, got str 'two'" in err[0], err
+    runs = tunebench_home / "runs"
+    assert not runs.exists() or not list(runs.iterdir())
