@@ -10,9 +10,12 @@ the CLI can show it instantly. The estimate has four parts, each in bytes per ra
 - optimizer:   AdamW keeps two states per trainable parameter (fp32, or 1 / 0.5 bytes with the 8-bit /
                4-bit optimizers from torchao); SGD keeps none (momentum is off by default).
 - activations: the tensors autograd saves for backward in every decoder layer, plus the logits and
-               their fp32 upcast for cross-entropy. Activation checkpointing keeps only each layer's
-               input and recomputes one layer at a time; linear cross-entropy never builds the full
-               `[B, S, V]` logits, only one chunk.
+               their fp32 upcast for cross-entropy. Activation checkpointing keeps only each
+               checkpointed layer's input (every `ac_every_k`-th layer) and recomputes one layer at a
+               time; linear cross-entropy never builds the full `[B, S, V]` logits, only one chunk.
+
+Packing and compile are speed options: a packed batch has the same `batch x seq_len` tokens, and the
+estimate does not model compiled kernels' savings; both only add a note saying so.
 
 FSDP shards weights, gradients and optimizer state over `nproc` ranks; activations are per rank.
 The figure ignores the CUDA context and allocator fragmentation (~0.5-1 GiB on a real GPU), which
@@ -146,9 +149,12 @@ class TrainingOptions:
     lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj")
     lora_mlp: bool = False
     activation_checkpointing: bool = False
+    ac_every_k: int = 1  # checkpoint every k-th layer only (with activation_checkpointing)
     optimizer_in_backward: bool = False
     linear_cross_entropy: bool = False
     ce_chunk_tokens: int = 1024
+    compile: bool = False  # speed option; memory unchanged in this estimate
+    packed: bool = False  # speed option; same tokens per batch, memory unchanged
     nproc: int = 1
 
     def __post_init__(self) -> None:
@@ -160,7 +166,7 @@ class TrainingOptions:
             raise MemoryEstimateError(
                 f"optimizer: {self.optimizer!r} is unknown; use one of {', '.join(OPTIMIZER_STATE_BYTES)}"
             )
-        for name in ("batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens"):
+        for name in ("batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k"):
             if int(getattr(self, name)) <= 0:
                 raise MemoryEstimateError(f"{name}: must be a positive integer, got {getattr(self, name)}")
 
@@ -277,9 +283,13 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
     tokens = opts.batch_size * opts.seq_len
     per_layer = activation_elements_per_token_per_layer(shape) * tokens * width
     if opts.activation_checkpointing:
-        # Each layer keeps its input [B, S, D]; one layer is recomputed at a time in backward.
-        activations = shape.num_layers * tokens * shape.dim * width + per_layer
-        notes.append("activation checkpointing: one layer's activations alive at a time")
+        # Layers 0, k, 2k, ... keep only their input [B, S, D] and are recomputed one at a time in
+        # backward (one layer's activations alive); the others keep everything.
+        checkpointed = -(-shape.num_layers // opts.ac_every_k)
+        plain = shape.num_layers - checkpointed
+        activations = checkpointed * tokens * shape.dim * width + plain * per_layer + per_layer
+        every = "every layer" if opts.ac_every_k == 1 else f"every {opts.ac_every_k}th layer"
+        notes.append(f"activation checkpointing ({every}): recomputed in backward")
     else:
         activations = shape.num_layers * per_layer
     # Logits [B, S, V] in the compute dtype, their fp32 upcast for CE, and the gradient of that.
@@ -287,6 +297,12 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
     activations += logit_tokens * shape.vocab_size * (width + 4 + 4)
     if opts.linear_cross_entropy:
         notes.append(f"linear cross-entropy: logits built {opts.ce_chunk_tokens} tokens at a time")
+    if opts.packed:
+        notes.append("packing: speed option; memory unchanged")
+    if opts.compile:
+        notes.append("compile: speed option; memory unchanged")
+    if opts.nproc > 1:
+        notes.append(f"FSDP over {opts.nproc} ranks: weights, gradients, state sharded")
 
     return MemoryEstimate(
         weights_bytes=weights,
@@ -298,6 +314,20 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         overhead_bytes=float(CUDA_OVERHEAD_BYTES if overhead else 0),
         notes=notes,
     )
+
+
+def detect_device_count() -> int:
+    """GPUs visible through NVML (0 without a driver, a GPU or pynvml: NVML raises then)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU, or no pynvml
+        return 0
 
 
 def detect_device_memory() -> tuple[str, float | None]:

@@ -21,7 +21,24 @@ from workbench.errors import UserError
 from workbench.messages import ActionDone
 from workbench.screens import services
 from workbench.screens.confirm import TextPromptScreen
-from workbench.screens.recipe_options import KNOBS, get_path, knob_key, method_of, override_text
+from workbench.screens.recipe_options import (
+    AS_IN_CONFIG,
+    CONTROLS,
+    KNOBS,
+    OPTIMIZERS,
+    SPEED_ONLY,
+    absent_controls,
+    as_read_by,
+    control,
+    control_overrides,
+    control_value,
+    get_path,
+    knob_key,
+    max_nproc,
+    method_of,
+    override_text,
+    recipe_problems,
+)
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.yaml_view import YamlView
 
@@ -48,7 +65,6 @@ class RecipeScreen(Screen):
     }
     RecipeScreen #form .knob {
         height: 1;
-        margin-bottom: 1;
     }
     RecipeScreen #form .knob Label {
         width: 20;
@@ -67,6 +83,22 @@ class RecipeScreen(Screen):
     }
     RecipeScreen #side {
         width: 1fr;
+    }
+    RecipeScreen #knobs, RecipeScreen #controls {
+        height: auto;
+    }
+    RecipeScreen #form .section {
+        margin: 1 0 0 0;
+        color: $text-muted;
+        text-style: bold;
+    }
+    RecipeScreen #form .knob Select {
+        width: 1fr;
+    }
+    RecipeScreen #absent {
+        color: $text-muted;
+        height: auto;
+        margin-bottom: 1;
     }
     RecipeScreen #problems {
         height: auto;
@@ -93,8 +125,11 @@ class RecipeScreen(Screen):
         self.cfg: dict[str, Any] = {}  # with the form's overrides applied
         self.header_text = ""
         self.recipe: str | None = None
-        self.overrides: dict[str, str] = {}
+        # widget id -> its overrides, oldest edit first (a later edit of the same key wins)
+        self.overrides: dict[str, list[str]] = {}
         self.knob_keys: dict[str, str] = {}  # widget id -> config key
+        self.control_ids: dict[str, str] = {}  # widget id -> memory/parallel control name
+        self.device_count = 0  # GPUs here (0: CPU ranks)
         self._knob_generation = 0
         self.parent_peak_gb: float | None = None
         self.device: tuple[str, float | None] = ("unknown", None)
@@ -110,10 +145,13 @@ class RecipeScreen(Screen):
                 yield Input(placeholder="or a config file (ctrl+o) + enter", id="config-path", compact=True)
                 yield Label("", id="recipe-info")
                 yield Input(placeholder="run name (optional)", id="run-name", compact=True)
+                yield Vertical(id="knobs")
+                yield Label("memory / parallel", classes="section")
                 with Horizontal(classes="knob"):
                     yield Label("processes")
                     yield Input("1", id="nproc", type="integer", compact=True)
-                yield Vertical(id="knobs")
+                yield Vertical(id="controls")
+                yield Static("", id="absent")
                 yield Static("", id="problems")
             with Vertical(id="side"):
                 yield MemoryPanel("estimating...")
@@ -128,8 +166,9 @@ class RecipeScreen(Screen):
     @work(thread=True, exclusive=True, group="recipe-load")
     def load_choices(self) -> None:
         from engine.config import list_builtin_configs
-        from engine.training.memory_estimate import detect_device_memory
+        from engine.training.memory_estimate import detect_device_count, detect_device_memory
 
+        self.device_count = detect_device_count()
         try:
             self.device = detect_device_memory()
         except ValueError as exc:  # a bad TUNEBENCH_DEVICE_MEMORY_GB: say so, estimate without a device
@@ -225,6 +264,7 @@ class RecipeScreen(Screen):
             return
         self.overrides.clear()
         self._build_knobs()
+        self._build_controls()
         self.recompute()
 
     def _build_knobs(self) -> None:
@@ -251,32 +291,125 @@ class RecipeScreen(Screen):
                 widgets.append(row)
         box.mount_all(widgets)
 
+    def _build_controls(self) -> None:
+        """The memory/parallel controls this recipe reads, whether or not the config has their keys;
+        the ones it does not read are listed with the reason."""
+        box = self.query_one("#controls", Vertical)
+        box.remove_children()
+        self.control_ids.clear()
+        absent = absent_controls(self.base, self.recipe)
+        widgets = []
+        for c in CONTROLS:
+            if c.name == "nproc" or c.name in absent:
+                continue
+            wid = f"ctl-{self._knob_generation}-{c.name}"
+            self.control_ids[wid] = c.name
+            value = control_value(c.name, self.base, self.recipe)
+            if c.kind == "bool":
+                label = f"{c.label} · {SPEED_ONLY[c.name]}" if c.name in SPEED_ONLY else c.label
+                widget = Checkbox(label, bool(value), id=wid, tooltip=c.effect)
+            elif c.kind == "choice":
+                options = [(label, key) for key, (label, _) in OPTIMIZERS.items()]
+                if value == AS_IN_CONFIG:
+                    comp = str(
+                        get_path(self.base, "optimizer._component_") if "optimizer" in self.base else ""
+                    )
+                    options.append((f"{comp.rsplit('.', 1)[-1] or 'none'} (config)", AS_IN_CONFIG))
+                select = Select(
+                    options, value=value, id=wid, allow_blank=False, compact=True, tooltip=c.effect
+                )
+                widget = Horizontal(Label(c.label), select, classes="knob")
+            else:
+                inp = Input(str(value), id=wid, type="integer", compact=True, tooltip=c.effect)
+                widget = Horizontal(Label(c.label), inp, classes="knob")
+            widgets.append(widget)
+        box.mount_all(widgets)
+        top = max_nproc(self.recipe, self.device_count)
+        nproc = self.query_one("#nproc", Input)
+        where = f"{self.device_count} GPU(s) here" if self.device_count else "CPU ranks (gloo)"
+        nproc.tooltip = f"{control('nproc').effect}; 1..{top} ({absent.get('nproc') or where})"
+        nproc.disabled = "nproc" in absent
+        if nproc.disabled:
+            with self.prevent(Input.Changed):
+                nproc.value = "1"
+        lines = [f"{control(n).label}: {why}" for n, why in absent.items()]
+        heading = f"not read by {self.recipe} / this config:" if lines else ""
+        self.query_one("#absent", Static).update(
+            "\n".join([heading, *(f" - {x}" for x in lines)]) if lines else ""
+        )
+
     # Editing --------------------------------------------------------------------------------
     def _kind(self, wid: str) -> str:
         return KNOBS[int(wid.rsplit("-", 1)[1])].kind
+
+    def _set_overrides(self, wid: str, overrides: list[str]) -> None:
+        """Record a widget's overrides as the newest edit (so they win over older ones) and refresh."""
+        self.overrides.pop(wid, None)
+        self.overrides[wid] = overrides
+        self.recompute()
 
     @on(Input.Changed, "#knobs Input")
     def _knob_input(self, event: Input.Changed) -> None:
         wid = event.input.id or ""
         if wid in self.knob_keys:
-            self.overrides[wid] = override_text(self.knob_keys[wid], self._kind(wid), event.value)
-            self.recompute()
+            self._set_overrides(wid, [override_text(self.knob_keys[wid], self._kind(wid), event.value)])
 
     @on(Checkbox.Changed, "#knobs Checkbox")
     def _knob_check(self, event: Checkbox.Changed) -> None:
         wid = event.checkbox.id or ""
         if wid in self.knob_keys:
-            self.overrides[wid] = override_text(self.knob_keys[wid], "bool", event.value)
-            self.recompute()
+            self._set_overrides(wid, [override_text(self.knob_keys[wid], "bool", event.value)])
+
+    def _control_changed(self, wid: str, value) -> None:
+        name = self.control_ids.get(wid)
+        if name is None:
+            return
+        try:
+            overrides = control_overrides(name, value, self.base, self.recipe)
+        except ValueError as exc:
+            self._problems([str(exc)])
+            return
+        if name == "optimizer_in_bwd":
+            self._sync_accumulation(bool(value))
+        self._set_overrides(wid, overrides)
+
+    def _sync_accumulation(self, on: bool) -> None:
+        """Optimizer-in-backward sets gradient_accumulation_steps=1: show it in that knob (and drop
+        an older edit of it); turned off, the knob shows the loaded value again."""
+        for wid, key in self.knob_keys.items():
+            if key == "gradient_accumulation_steps":
+                self.overrides.pop(wid, None)
+                with self.prevent(Input.Changed):
+                    self.query_one(f"#{wid}", Input).value = "1" if on else str(get_path(self.base, key))
+
+    @on(Checkbox.Changed, "#controls Checkbox")
+    def _control_check(self, event: Checkbox.Changed) -> None:
+        self._control_changed(event.checkbox.id or "", event.value)
+
+    @on(Select.Changed, "#controls Select")
+    def _control_select(self, event: Select.Changed) -> None:
+        if event.value is not Select.BLANK:
+            self._control_changed(event.select.id or "", event.value)
+
+    @on(Input.Changed, "#controls Input")
+    def _control_input(self, event: Input.Changed) -> None:
+        self._control_changed(event.input.id or "", event.value)
 
     @on(Input.Changed, "#nproc")
     def _nproc(self) -> None:
         self.recompute()
 
     @property
+    def nproc_text(self) -> str:
+        return self.query_one("#nproc", Input).value
+
+    @property
     def nproc(self) -> int:
+        """Processes to launch: the form's number within 1..`max_nproc` (out-of-range values are
+        reported by `recipe_problems` and block a launch)."""
+        top = max_nproc(self.recipe, self.device_count)
         try:
-            return max(1, int(self.query_one("#nproc", Input).value or 1))
+            return min(top, max(1, int(self.nproc_text or 1)))
         except ValueError:
             return 1
 
@@ -285,7 +418,7 @@ class RecipeScreen(Screen):
         from engine.config import ConfigError, apply_overrides, dump_config
 
         try:
-            self.cfg = apply_overrides(self.base, list(self.overrides.values()))
+            self.cfg = apply_overrides(self.base, [o for ovs in self.overrides.values() for o in ovs])
         except ConfigError as exc:
             self._problems([str(exc)])
             return
@@ -295,13 +428,17 @@ class RecipeScreen(Screen):
         self.query_one("#recipe-info", Label).update(f"recipe {self.recipe} · {method}{parent}")
         self.yaml_text = dump_config(self.cfg, header=self.header_text or None)
         self.query_one(YamlView).set_text(self.yaml_text)
-        self.estimate(self.cfg, self.nproc)
+        self.estimate(self.cfg, self.nproc, self.nproc_text)
 
     @work(thread=True, exclusive=True, group="recipe-estimate")
-    def estimate(self, cfg: dict, nproc: int) -> None:
+    def estimate(self, cfg: dict, nproc: int, nproc_text: str = "1") -> None:
         from engine.training.memory_estimate import MemoryEstimateError
 
         panel = self.query_one(MemoryPanel)
+        # What the recipe would refuse at set-up (optimizer-in-backward with accumulation, ...).
+        problems = recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
+        self.app.call_from_thread(self._problems, problems)
+        cfg = as_read_by(cfg, self.recipe)  # what the estimate reads, as this recipe reads it
         try:
             est = services.estimate_config(cfg, nproc, overhead=self.device[0].startswith("cuda"))
         except UserError as exc:
@@ -340,16 +477,22 @@ class RecipeScreen(Screen):
         return None if self.module else self.recipe
 
     def action_validate(self) -> None:
-        self._validate(self.cfg, self.validate_recipe)
+        self._validate(self.cfg, self.validate_recipe, self.nproc_text)
 
-    @work(thread=True, exclusive=True, group="recipe-validate")
-    def _validate(self, cfg: dict, recipe: str | None) -> None:
+    def _all_problems(self, cfg: dict, recipe: str | None, nproc_text: str) -> list[str]:
+        """`tunebench validate`'s problems plus what the recipe refuses at set-up (`recipe_problems`)."""
         from engine.config import validate
 
         try:
             problems = [str(p) for p in validate(cfg, recipe=recipe)]
+            problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         except Exception as exc:  # validate reports problems; anything else is shown, not raised
             problems = [f"cannot validate: {exc}"]
+        return problems
+
+    @work(thread=True, exclusive=True, group="recipe-validate")
+    def _validate(self, cfg: dict, recipe: str | None, nproc_text: str = "1") -> None:
+        problems = self._all_problems(cfg, recipe, nproc_text)
         self.post_message(ActionDone("validate", "\n".join(problems) or "valid", ok=not problems))
 
     def action_export(self) -> None:
@@ -377,19 +520,15 @@ class RecipeScreen(Screen):
 
     def action_launch(self) -> None:
         name = self.query_one("#run-name", Input).value.strip() or None
-        self._launch(self.cfg, self.recipe or "sft", name, self.nproc, self.clone_of)
+        self._launch(self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of)
 
     @work(thread=True, exclusive=True, group="recipe-launch")
-    def _launch(self, cfg: dict, recipe: str, name: str | None, nproc: int, parent: str | None) -> None:
-        from engine.config import validate
-
-        try:
-            problems = [str(p) for p in validate(cfg, recipe=self.validate_recipe)]
-        except Exception as exc:
-            problems = [f"cannot validate: {exc}"]
+    def _launch(self, cfg: dict, recipe: str, name: str | None, nproc_text: str, parent: str | None) -> None:
+        problems = self._all_problems(cfg, self.validate_recipe, nproc_text)
         if problems:
             self.post_message(ActionDone("validate", "\n".join(problems), ok=False))
             return
+        nproc = int(nproc_text.strip())  # recipe_problems checked it is within 1..max_nproc
         try:
             run_id = services.launch_config(
                 recipe=recipe,

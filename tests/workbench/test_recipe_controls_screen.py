@@ -1,0 +1,214 @@
+"""Pilot tests of the Recipe screen's memory/parallel controls: each control is there for a config
+that lacks its key, changes the YAML and the estimate as it should, the result validates, and the
+number of processes reaches the launched run; recipes that do not read a control say why."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.config import parse_yaml
+from workbench.app import make_app
+
+SIZE = (110, 48)
+FULL_YAML = """# tunebench run sft --config full.yaml
+model:
+  _component_: engine.models.llama3.llama3
+  num_layers: 4
+  num_heads: 8
+  num_kv_heads: 2
+  embed_dim: 512
+  intermediate_dim: 1536
+  vocab_size: 32000
+tokenizer:
+  _component_: engine.data.tokenizers.load_tokenizer
+  path: demo
+dataset:
+  _component_: engine.data.demo_dataset
+  max_seq_len: 512
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 2.0e-05
+  fused: true
+loss:
+  _component_: engine.modules.loss.ChunkedCrossEntropyLoss
+batch_size: 4
+gradient_accumulation_steps: 4
+clip_grad_norm: 1.0
+dtype: bf16
+"""
+
+
+async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def recipe_env(tunebench_home, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "24")
+    (tmp_path / "full.yaml").write_text(FULL_YAML)
+    return tmp_path
+
+
+def _widget(screen, name: str):
+    return screen.query_one(f"#{next(w for w, n in screen.control_ids.items() if n == name)}")
+
+
+async def test_each_control_changes_the_yaml_and_the_estimate_then_validates_and_launches(
+    recipe_env, monkeypatch
+):
+    from engine.tracking.db import open_db
+    from engine.tracking.readers import get_run
+    from workbench import launcher
+    from workbench.screens.live import LiveRunScreen
+    from workbench.screens.recipe import RecipeScreen
+    from workbench.widgets.memory_panel import MemoryPanel
+
+    monkeypatch.setattr(launcher, "launch", lambda run_id, **kw: None)  # register the run, start nothing
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="full.yaml"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: screen.base.get("batch_size") == 4, what="config loaded")
+        panel = screen.query_one(MemoryPanel)
+        est = await wait_for(pilot, lambda: panel.last_estimate, what="first estimate")
+
+        # Every memory control is offered although the config has none of their keys but the loss
+        # and optimizer; a full fine-tune says why it has no LoRA rank.
+        assert set(screen.control_ids.values()) == {
+            "optimizer",
+            "activation_checkpointing",
+            "optimizer_in_bwd",
+            "linear_ce",
+            "compile",
+            "packing",
+        }
+        assert "LoRA rank: full fine-tune" in str(screen.query_one("#absent").render())
+
+        async def changed(part: str, what: str):
+            before = getattr(panel.last_estimate, part)
+            return await wait_for(
+                pilot,
+                lambda: (
+                    panel.last_estimate is not None
+                    and getattr(panel.last_estimate, part) != before
+                    and panel.last_estimate
+                ),
+                what=what,
+            )
+
+        _widget(screen, "activation_checkpointing").value = True
+        after = await changed("activations_bytes", "AC estimate")
+        assert after.activations_bytes < est.activations_bytes
+        assert parse_yaml(screen.yaml_text)["enable_activation_checkpointing"] is True
+
+        _widget(screen, "optimizer_in_bwd").value = True
+        est, after = after, await changed("gradients_bytes", "optimizer-in-backward estimate")
+        assert after.gradients_bytes < est.gradients_bytes
+        cfg = parse_yaml(screen.yaml_text)
+        assert (cfg["optimizer_in_bwd"], cfg["gradient_accumulation_steps"], cfg["clip_grad_norm"]) == (
+            True,
+            1,
+            None,
+        )
+        accum = next(w for w, k in screen.knob_keys.items() if k == "gradient_accumulation_steps")
+        assert screen.query_one(f"#{accum}").value == "1"  # the knob shows what the option set
+
+        _widget(screen, "linear_ce").value = True
+        est, after = after, await changed("activations_bytes", "linear CE estimate")
+        assert after.activations_bytes < est.activations_bytes
+        assert parse_yaml(screen.yaml_text)["loss"] == {
+            "_component_": "engine.modules.loss.LinearCrossEntropyLoss"
+        }
+
+        _widget(screen, "optimizer").value = "adamw8bit"
+        est, after = after, await changed("optimizer_bytes", "8-bit estimate")
+        assert after.optimizer_bytes < est.optimizer_bytes
+        assert parse_yaml(screen.yaml_text)["optimizer"] == {
+            "_component_": "engine.training.low_bit_optimizers.adamw_8bit",
+            "lr": 2e-05,
+        }
+
+        # Packing and compile: speed options, the estimate stays and says so.
+        for name in ("packing", "compile"):
+            assert "memory same" in str(_widget(screen, name).label)
+            _widget(screen, name).value = True
+            await wait_for(pilot, lambda n=name: f"{n}: speed option" in " ".join(panel.last_estimate.notes))
+            assert panel.last_estimate.total_bytes == after.total_bytes
+        assert parse_yaml(screen.yaml_text)["dataset"]["packed"] is True
+
+        # Two processes: FSDP halves weights, gradients and state per rank.
+        screen.query_one("#nproc").value = "2"
+        two = await changed("weights_bytes", "2-rank estimate")
+        assert (
+            two.weights_bytes == after.weights_bytes / 2 and two.optimizer_bytes == after.optimizer_bytes / 2
+        )
+
+        # The composed config passes validation (static checks and the recipe's own).
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: any("valid" == str(n.message)[-5:] for n in app._notifications), 60)
+        assert not str(screen.query_one("#problems").render())
+
+        # Too many processes is one line naming the field, and blocks the launch.
+        screen.query_one("#nproc").value = "9"
+        await wait_for(
+            pilot, lambda: "processes: 9 — use 1..8" in str(screen.query_one("#problems").render())
+        )
+        screen.query_one("#nproc").value = "2"
+        await wait_for(pilot, lambda: not str(screen.query_one("#problems").render()), what="cleared")
+
+        # Launch: the run is registered with 2 processes and the composed config.
+        await pilot.press("f9")
+        live = await wait_for(pilot, lambda: isinstance(app.screen, LiveRunScreen) and app.screen, 60)
+        with open_db() as db:
+            run = get_run(live.run_id, db=db)
+        assert run.nproc == 2
+        launched = parse_yaml(run.config_text)
+        assert launched["optimizer_in_bwd"] is True and launched["dataset"]["packed"] is True
+
+
+async def test_recipes_that_do_not_read_a_control_say_why(recipe_env):
+    from workbench.screens.recipe import RecipeScreen
+
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="demo/smollm2_135m_lora_dpo"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: screen.base.get("loss"), what="dpo config")
+        await wait_for(pilot, lambda: "lora_rank" in screen.control_ids.values(), what="dpo controls")
+        assert set(screen.control_ids.values()) == {
+            "lora_rank",
+            "optimizer",
+            "activation_checkpointing",
+            "compile",
+        }
+        absent = str(screen.query_one("#absent").render())
+        assert "not read by dpo" in absent and "packing: preference pairs" in absent
+        assert "optimizer in backward" in absent and "linear cross-entropy" in absent
+        assert not screen.query_one("#nproc").disabled  # DPO runs on FSDP ranks
+
+        # A higher LoRA rank raises the estimate.
+        panel = screen.query_one("MemoryPanel")
+        before = await wait_for(pilot, lambda: panel.last_estimate, 60, "dpo estimate")
+        rank = next(w for w, n in screen.control_ids.items() if n == "lora_rank")
+        screen.query_one(f"#{rank}").value = "64"
+        await wait_for(pilot, lambda: panel.last_estimate.trainable_params > before.trainable_params)
+        assert parse_yaml(screen.yaml_text)["model"]["lora_rank"] == 64
+
+        # Distillation runs on one process: the processes box is locked at 1, with the reason.
+        screen.query_one("#config-path").value = "llama3_2/1B_kd"
+        screen.query_one("#config-path").focus()
+        await pilot.press("enter")
+        await wait_for(
+            pilot, lambda: screen.recipe == "kd" and screen.query_one("#nproc").disabled, what="kd"
+        )
+        assert screen.query_one("#nproc").value == "1"
+        assert "processes: distillation runs on one process" in str(screen.query_one("#absent").render())
