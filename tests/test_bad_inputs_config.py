@@ -180,3 +180,92 @@ def test_tunebench_run_with_a_bad_value_registers_nothing(tunebench_home, tmp_pa
     assert len(err) == 1 and "batch_size: expects an integer >= 1, got str 'two'" in err[0], err
     runs = tunebench_home / "runs"
     assert not runs.exists() or not list(runs.iterdir())
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_output_dir_that_cannot_be_a_folder_is_named_before_anything_is_built(
+    where, tmp_path, monkeypatch, capsys
+):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine\n")
+    out = blocker if where == "file" else blocker / "run"
+    path = _write(tmp_path, "sft", _config("sft", tmp_path, {"output_dir": str(out)}))
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)  # was a NotADirectoryError traceback
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"sft: output_dir: {blocker} is a file") and "choose a folder" in lines[0]
+    assert blocker.read_text() == "mine\n"
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(tmp_path, monkeypatch, capsys):
+    """Was `IndexError: index out of range in self` from torch.embedding at the first step."""
+    cfg = _config("grpo", tmp_path, {"model.vocab_size": 8})
+    code, lines, err = run_recipe(monkeypatch, capsys, "grpo", _write(tmp_path, "grpo", cfg))
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0] == (
+        "grpo: model.vocab_size: the model has 8 token embeddings but the tokenizer has 16 tokens "
+        "— use the model's own tokenizer, or set model.vocab_size to at least 16"
+    )
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_kd_names_the_teacher_checkpoint_dir_when_it_is_missing(tmp_path, monkeypatch, capsys):
+    """Was reported as `checkpoint_dir`, the student's key, after the student was built."""
+    cfg = _config("kd", tmp_path, {"teacher_checkpoint_dir": str(tmp_path / "no-teacher")})
+    code, lines, err = run_recipe(monkeypatch, capsys, "kd", _write(tmp_path, "kd", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"kd: teacher_checkpoint_dir: {tmp_path / 'no-teacher'} is not a model folder")
+
+
+def _saved_checkpoint(tmp_path: Path, intermediate_dim: int = 32):
+    import torch
+
+    from engine.checkpoint.recipe_state import save_checkpoint
+    from engine.models.llama3 import llama3
+
+    def build(dim: int):
+        torch.manual_seed(0)
+        model = llama3(vocab_size=16, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16,
+                       intermediate_dim=dim, max_seq_len=8)  # fmt: skip
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    model, opt = build(intermediate_dim)
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    path = save_checkpoint(tmp_path, 1, model=model, optimizer=opt, recipe_state={"epoch": 0}, keep_last=1)
+    return path, build
+
+
+def test_resuming_with_another_model_or_optimizer_is_one_line(tmp_path):
+    """DCP raises a `CheckpointException`, a BaseException that used to escape as a 40-line traceback."""
+    import torch
+
+    from engine.checkpoint.recipe_state import CheckpointStateError, load_checkpoint
+
+    path, build = _saved_checkpoint(tmp_path)
+    model, opt = build(24)
+    with pytest.raises(CheckpointStateError) as info:
+        load_checkpoint(path, model=model, optimizer=opt)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: cannot load the recipe checkpoint (Size mismatch between saved")
+    assert msg.endswith(
+        "resume with the config this checkpoint was saved with, or set resume=false to start over"
+    )
+    assert "\n" not in msg and "Traceback" not in msg
+    model, _ = build(32)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(CheckpointStateError, match=r"Missing key in checkpoint state_dict: optim\."):
+        load_checkpoint(path, model=model, optimizer=sgd)
+
+
+def test_a_damaged_recipe_state_file_is_named_briefly(tmp_path):
+    from engine.checkpoint.recipe_state import CheckpointStateError, load_checkpoint
+
+    path, build = _saved_checkpoint(tmp_path)
+    (path / "recipe_state.pt").write_bytes(b"xx")
+    model, opt = build(32)
+    with pytest.raises(CheckpointStateError) as info:
+        load_checkpoint(path, model=model, optimizer=opt)
+    assert str(info.value) == (
+        f"{path}: cannot load the recipe checkpoint (a file in it is damaged or not a torch file); "
+        "resume from an older checkpoints/step_<N> folder or start a new run with the same config"
+    )  # was torch.load's paragraph about weights_only

@@ -222,6 +222,7 @@ def load_checkpoint(
         CheckpointStateError: the folder is not a complete checkpoint or cannot be read.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     path = Path(path)
@@ -252,12 +253,30 @@ def load_checkpoint(
         rng_file = path / f"rng_rank{rank}.pt"
         if restore_rng and rng_file.is_file():
             restore_rng_state(torch.load(rng_file, weights_only=True))
-    except (
-        Exception
-    ) as exc:  # any unreadable piece (truncated file, mismatched shapes) is the same user error
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointStateError(
-            f"{path}: cannot load the recipe checkpoint ({first}); resume from an older "
-            "checkpoints/step_<N> folder or start a new run with the same config"
-        ) from exc
+    except (Exception, CheckpointException) as exc:  # DCP's own error is a BaseException
+        # Any unreadable piece (truncated file, a state saved by another model/optimizer) is a user error.
+        reason, other_config = _load_failure(exc)
+        hint = (
+            "resume with the config this checkpoint was saved with, or set resume=false to start over"
+            if other_config
+            else "resume from an older checkpoints/step_<N> folder or start a new run with the same config"
+        )
+        raise CheckpointStateError(f"{path}: cannot load the recipe checkpoint ({reason}); {hint}") from exc
     return recipe_state
+
+
+def _load_failure(exc: BaseException) -> tuple[str, bool]:
+    """`(one-line reason, whether the checkpoint was written for another model/optimizer config)`.
+
+    DCP reports a rank's failure wrapped in a `CheckpointException` (its str is a whole traceback);
+    `torch.load` of a damaged file says so in a paragraph. Both are cut down to their first fact.
+    """
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if text.startswith("Weights only load failed") or "failed finding central directory" in text:
+        return "a file in it is damaged or not a torch file", False
+    other = text.startswith(("Size mismatch", "Missing key in checkpoint")) or "size mismatch" in text
+    return text.split(". ")[0][:300], other

@@ -230,11 +230,11 @@ def forward_replaced(model: nn.Module, forward: Callable[..., Any]) -> Iterator[
         del model.forward
 
 
-def resolve_model_dir(path: str | Path) -> Path:
+def resolve_model_dir(path: str | Path, *, field: str = "checkpoint_dir") -> Path:
     """A HF-format model folder; the word `demo` means the embedded SmolLM2-135M-Instruct.
 
     Raises:
-        ConfigError: the folder does not exist or has no config.json.
+        ConfigError: the folder does not exist or has no config.json (naming `field`).
     """
     if str(path) == "demo":
         from engine.models.demo import demo_model_dir
@@ -243,11 +243,58 @@ def resolve_model_dir(path: str | Path) -> Path:
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise ConfigError(
-            f"checkpoint_dir: {folder} is not a model folder (no config.json) — point it at a Hugging Face "
+            f"{field}: {folder} is not a model folder (no config.json) — point it at a Hugging Face "
             "model folder (tunebench download REPO_ID) or use 'demo'",
-            field="checkpoint_dir",
+            field=field,
         )
     return folder
+
+
+def check_vocab(model: nn.Module, tokenizer: Any, *, field: str = "model") -> None:
+    """Refuse a tokenizer whose token ids do not all fit the model's embedding table (`tok_embeddings`).
+
+    Without this, the first batch dies in `torch.embedding` with "index out of range".
+    Raises:
+        ConfigError: naming `<field>.vocab_size`, the two sizes, and what to change.
+    """
+    rows = getattr(getattr(model, "tok_embeddings", None), "num_embeddings", None)
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(rows, int) and isinstance(size, int) and size > rows:
+        raise ConfigError(
+            f"{field}.vocab_size: the model has {rows} token embeddings but the tokenizer has {size} tokens "
+            f"— use the model's own tokenizer, or set {field}.vocab_size to at least {size}",
+            field=f"{field}.vocab_size",
+        )
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Refuse an `output_dir` that cannot be created or written, before anything is built.
+
+    Nothing is left behind: a temporary file is made and removed in the nearest existing folder on the
+    way (every rank may do this at once; the names are unique).
+    Raises:
+        ConfigError: naming `output_dir`, the blocking path, and what to change.
+    """
+    import tempfile
+
+    folder = Path(path).expanduser().absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        inside = "" if existing == folder else f", so {folder} cannot be made"
+        raise ConfigError(
+            f"output_dir: {existing} is a file{inside} — choose a folder for output_dir", field="output_dir"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".tunebench-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"output_dir: cannot write in {existing} ({exc.strerror}), so checkpoints cannot go to {folder} "
+            "— choose a writable output_dir",
+            field="output_dir",
+        ) from None
 
 
 class LossIsNaN(RuntimeError):
@@ -274,6 +321,7 @@ def run_recipe_main(
     try:
         cfg = load_config(config_path, overrides)
         check_config(cfg)
+        check_output_dir(cfg.get("output_dir") or f"./runs/{name}")
         recipe = recipe_cls(cfg, dist_info=init_distributed())
         recipe.setup()
         code = recipe.train()

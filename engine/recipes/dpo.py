@@ -31,6 +31,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_vocab,
     key_rules,
     parse_dtype,
     pick_device,
@@ -123,6 +124,7 @@ class DPORecipe:
                 cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
             )
         self.tokenizer = self._setup_tokenizer()
+        check_vocab(self.model, self.tokenizer)
         self._setup_data()
         self.optimizer, self.lr_scheduler = self._setup_optimizer()
         node = cfg.get("loss") or {"_component_": "engine.modules.loss.DPOLoss"}

@@ -34,6 +34,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_vocab,
     key_rules,
     parse_dtype,
     pick_device,
@@ -186,6 +187,7 @@ class GRPORecipe:
                 cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
             )
         self.tokenizer = self._setup_tokenizer()
+        check_vocab(self.model, self.tokenizer)
         self.stop_tokens = sorted(
             set(self.tokenizer.stop_tokens) | {int(t) for t in cfg.get("stop_tokens") or []}
         )

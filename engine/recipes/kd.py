@@ -30,10 +30,12 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_vocab,
     forward_replaced,
     key_rules,
     parse_dtype,
     pick_device,
+    resolve_model_dir,
     run_recipe_main,
     set_seed,
 )
@@ -116,6 +118,9 @@ class KDRecipe:
         self.logger = MetricLogger.from_env(rank=self.rank)
         cfg = self.cfg
         common = {"dtype": self.dtype, "device": self.device, "compile": bool(cfg.get("compile", False))}
+        for key in ("checkpoint_dir", "teacher_checkpoint_dir"):  # named before any model is built
+            if cfg.get(key) is not None:
+                resolve_model_dir(cfg[key], field=key)
         self.model, self.is_lora, self.model_dir = build_model(
             cfg["model"], cfg.get("checkpoint_dir"), trainable=True, seed=self.seed,
             activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
@@ -135,11 +140,10 @@ class KDRecipe:
         if node is None:
             raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
         if isinstance(node, dict) and str(node.get("path")) == "demo":
-            from engine.recipes._common import resolve_model_dir
-
             self.tokenizer = instantiate(node, path=str(resolve_model_dir("demo")))
         else:
             self.tokenizer = instantiate(node)
+        check_vocab(self.model, self.tokenizer)
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
         if len(dataset) and "labels" not in dataset[0] and "document_ids" not in dataset[0]:
             raise ConfigError(

@@ -37,6 +37,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_vocab,
     forward_replaced,
     key_rules,
     parse_dtype,
@@ -162,6 +163,7 @@ class SFTRecipe:
         self.model = self._setup_model()
         # The tokenizer next: datasets tokenize with it and the collate pads with its pad id.
         self.tokenizer = self._setup_tokenizer()
+        check_vocab(self.model, self.tokenizer)
         # The data before the optimizer: the LR schedule needs the number of steps per epoch.
         self._setup_data()
         self.optimizer, self.lr_scheduler = self._setup_optimizer()
