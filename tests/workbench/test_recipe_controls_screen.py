@@ -212,3 +212,24 @@ async def test_recipes_that_do_not_read_a_control_say_why(recipe_env):
         )
         assert screen.query_one("#nproc").value == "1"
         assert "processes: distillation runs on one process" in str(screen.query_one("#absent").render())
+
+
+async def test_a_clone_keeps_the_parents_number_of_processes(recipe_env):
+    from engine.tracking.db import open_db
+    from engine.tracking.runs import create_run
+    from workbench.screens.recipe import RecipeScreen
+
+    with open_db() as db:
+        parent = create_run(db=db, recipe="sft", config_text=FULL_YAML, name="two-ranks", nproc=2)
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", clone_of=parent.id))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: screen.base.get("batch_size") == 4, what="parent config")
+        assert screen.query_one("#nproc").value == "2" and screen.nproc == 2
+        panel = screen.query_one("MemoryPanel")
+        await wait_for(
+            pilot,
+            lambda: panel.last_estimate and any("FSDP over 2 ranks" in n for n in panel.last_estimate.notes),
+            what="a 2-rank estimate",
+        )

@@ -179,7 +179,9 @@ class RecipeScreen(Screen):
             if self.clone_of:
                 run = services.get_run(self.clone_of)
                 self.parent_peak_gb = services.run_peak_gb(self.clone_of)
-                start = (run["config_text"], {}, run["recipe"], f"{run['name']}-clone")
+                # Like `tunebench clone`: the parent's number of processes too.
+                extra = {"nproc": run.get("nproc")}
+                start = (run["config_text"], extra, run["recipe"], f"{run['name']}-clone")
                 # Like `tunebench clone`: the clone keeps the parent's entry module and tags.
                 if run.get("module") and run["module"] != f"engine.recipes.{run['recipe']}":
                     self.clone_module = run["module"]
@@ -208,6 +210,9 @@ class RecipeScreen(Screen):
             if name:
                 self.query_one("#run-name", Input).value = name
             self.set_config_text(text, recipe=recipe)
+            nproc = self.query_one("#nproc", Input)
+            if extra.get("nproc") and not nproc.disabled:
+                nproc.value = str(extra["nproc"])
             if self.use_mix:
                 self.action_use_mix()
         elif not choices:
@@ -451,7 +456,8 @@ class RecipeScreen(Screen):
         self.app.call_from_thread(panel.show_estimate, est, name, size, self.parent_peak_gb)
 
     def _problems(self, lines: list[str]) -> None:
-        self.query_one("#problems", Static).update("\n".join(lines))
+        for box in self.query("#problems"):  # none once the screen has closed (a late worker)
+            box.update("\n".join(lines))
 
     def action_use_mix(self) -> None:
         node = getattr(self.app, "dataset_node", None)
