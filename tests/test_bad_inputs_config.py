@@ -269,3 +269,56 @@ def test_a_damaged_recipe_state_file_is_named_briefly(tmp_path):
         f"{path}: cannot load the recipe checkpoint (a file in it is damaged or not a torch file); "
         "resume from an older checkpoints/step_<N> folder or start a new run with the same config"
     )  # was torch.load's paragraph about weights_only
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["run", "sft", "--config", "x.yaml", "--nproc", "abc"],
+         "tunebench run: argument --nproc: invalid int value: 'abc' — see `tunebench run --help`"),
+        (["runs", "--bogus"], "tunebench: unrecognized arguments: --bogus — see `tunebench --help`"),
+        (["eval", "demo", "--tasks", "arith_mc", "--limit", "abc"],
+         "tunebench eval: argument --limit: invalid float value: 'abc' — see `tunebench eval --help`"),
+    ],
+)  # fmt: skip
+def test_a_malformed_command_line_is_one_line_not_the_usage_block(argv, line, tunebench_home, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_a_recipe_started_without_config_says_so_in_one_line(capsys):
+    from engine.recipes import sft
+
+    with pytest.raises(SystemExit) as info:
+        sft.recipe_main([])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "python -m engine.recipes.sft: the following arguments are required: --config"
+        " — see `python -m engine.recipes.sft --help`"
+    ]
+
+
+def test_a_builder_refusing_a_value_names_its_node_once(tmp_path, monkeypatch, capsys):
+    """Was `engine.models.llama3.llama3: engine.models.llama3.llama3(...) refused ... under engine...`."""
+    path = _write(tmp_path, "sft", _config("sft", tmp_path, {"model.max_seq_len": 0}))
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0] == (
+        "sft: engine.models.llama3.llama3(...) refused its arguments: max_seq_len: must be a positive integer,"
+        " got 0 — fix that value in the node with _component_: engine.models.llama3.llama3"
+    )
+
+
+def test_dataset_max_seq_len_says_it_is_the_datasets(shared_assets, tmp_path):
+    from engine.data.builders import instruct_dataset
+    from engine.data.errors import DataError
+    from engine.data.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(path=str(shared_assets / "tokenizers" / "smollm2"))
+    rows = shared_assets / "data" / "alpaca_data_cleaned_1000.json"
+    with pytest.raises(
+        DataError, match=r"^max_seq_len \(of the dataset\): must be an integer >= 2, got 0; set it"
+    ):
+        instruct_dataset(tok, source=str(rows), max_seq_len=0, cache=False)

@@ -16,11 +16,12 @@ import pkgutil
 import sys
 
 from workbench import commands
+from workbench.cli_args import OneLineParser
 from workbench.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tunebench",
         description="LLM post-training engine with a terminal workbench. Run without arguments to open the workbench.",
     )

@@ -13,6 +13,14 @@ from collections.abc import Callable
 AddOptions = Callable[[argparse.ArgumentParser], None]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (`tunebench run: argument --nproc: invalid int
+    value: 'abc' — see tunebench run --help`) and exit 2, instead of the usage block and the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} — see `{self.prog} --help`\n")
+
+
 def add_rest(p: argparse.ArgumentParser) -> None:
     """The catch-all positional holding options and overrides that follow the first positional."""
     p.add_argument(
@@ -22,7 +30,7 @@ def add_rest(p: argparse.ArgumentParser) -> None:
 
 def parse_mixed(args: argparse.Namespace, add_options: AddOptions, *, prog: str) -> argparse.Namespace:
     """`args` with the options found in `args.rest` applied and the leftovers as `args.overrides`."""
-    inner = argparse.ArgumentParser(prog=prog, add_help=False)
+    inner = OneLineParser(prog=prog, add_help=False)
     add_options(inner)
     inner.add_argument("overrides", nargs="*")
     dests = [a.dest for a in inner._actions if a.dest != "overrides"]

@@ -64,6 +64,11 @@ def _call(node: dict, path: str, args: tuple, kwargs: dict) -> Any:
     try:
         return target(*args, **built)
     except (TypeError, ValueError) as exc:
+        if path == name:  # the top node: its config key is the caller's, name the node by its component
+            raise ConfigError(
+                f"{name}(...) refused its arguments: {exc} — fix that value in the node with _component_: {name}",
+                field=path,
+            ) from exc
         raise ConfigError(
             f"{path}: {name}(...) refused its arguments: {exc} — fix the values under {path}", field=path
         ) from exc

@@ -348,7 +348,10 @@ def build_tokenized(
 ) -> TokenizedDataset | PreferenceDataset:
     """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
-        raise DataError(f"max_seq_len: must be an integer >= 2, got {max_seq_len!r}")
+        raise DataError(
+            f"max_seq_len (of the dataset): must be an integer >= 2, got {max_seq_len!r}; set it to the "
+            "longest sample in tokens to keep (e.g. 2048), or null for no limit"
+        )
     if column_map is not None and (
         not isinstance(column_map, Mapping)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in column_map.items())

@@ -99,9 +99,16 @@ def key_rules(config_keys: dict[str, str]) -> dict[str, KeyRule]:
     return {k: TRAINING_KEY_RULES[k] for k in config_keys if k in TRAINING_KEY_RULES}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line (`... --config is required — see ... --help`), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} — see `{self.prog} --help`\n")
+
+
 def parse_recipe_args(argv: list[str] | None, *, prog: str) -> tuple[Path, list[str]]:
     """`--config FILE [key=value ...]` -> `(config path, overrides)`; argparse exits 2 on misuse."""
-    parser = argparse.ArgumentParser(prog=prog, description="Run the recipe on a YAML config.")
+    parser = _OneLineParser(prog=prog, description="Run the recipe on a YAML config.")
     parser.add_argument("--config", required=True, help="YAML config file (or a built-in name)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, ~key deletes")
     args = parser.parse_args(argv)
