@@ -154,7 +154,9 @@ async def test_each_control_changes_the_yaml_and_the_estimate_then_validates_and
 
         # The composed config passes validation (static checks and the recipe's own).
         await pilot.press("f5")
-        await wait_for(pilot, lambda: any("valid" == str(n.message)[-5:] for n in app._notifications), 60)
+        await wait_for(
+            pilot, lambda: any(str(n.message) == "config is valid" for n in app._notifications), 60
+        )
         assert not str(screen.query_one("#problems").render())
 
         # Too many processes is one line naming the field, and blocks the launch.
@@ -232,4 +234,35 @@ async def test_a_clone_keeps_the_parents_number_of_processes(recipe_env):
             pilot,
             lambda: panel.last_estimate and any("FSDP over 2 ranks" in n for n in panel.last_estimate.notes),
             what="a 2-rank estimate",
+        )
+
+
+async def test_packing_carries_over_to_every_source_of_a_data_mix(recipe_env):
+    from workbench.screens.recipe import RecipeScreen
+
+    mix = {
+        "_component_": "engine.data.mix",
+        "datasets": [
+            {"_component_": "engine.data.demo_dataset", "max_seq_len": 256},
+            {"_component_": "engine.data.demo_dataset", "max_seq_len": 256, "seed": 1},
+        ],
+        "weights": [1.0, 1.0],
+        "names": ["a", "b"],
+    }
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="full.yaml"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: "packing" in screen.control_ids.values(), what="controls")
+        _widget(screen, "packing").value = True
+        await wait_for(pilot, lambda: "packed: true" in screen.yaml_text, what="packed")
+        app.dataset_node = mix  # what the Data screen leaves behind
+        await pilot.press("ctrl+d")
+        await wait_for(pilot, lambda: "engine.data.mix" in screen.yaml_text, what="mix applied")
+        sources = parse_yaml(screen.yaml_text)["dataset"]["datasets"]
+        assert [s.get("packed") for s in sources] == [True, True]
+        assert "packed" not in parse_yaml(screen.yaml_text)["dataset"]  # not an argument of mix
+        await pilot.press("f5")
+        await wait_for(
+            pilot, lambda: any(str(n.message) == "config is valid" for n in app._notifications), 60
         )

@@ -465,6 +465,11 @@ class RecipeScreen(Screen):
             self.notify("compose a mix on the Data screen (f3) first", severity="warning")
             return
         self.base = dict(self.base, dataset=node)
+        # A packing choice made on the form carries over to every source of the new dataset.
+        for wid, name in self.control_ids.items():
+            if name == "packing" and wid in self.overrides:
+                value = self.query_one(f"#{wid}", Checkbox).value
+                self.overrides[wid] = control_overrides("packing", value, self.base, self.recipe)
         self.recompute()
         parts = len(node.get("datasets", [node]))
         self.notify(f"dataset: {parts} source(s) from the Data screen")
