@@ -1,0 +1,140 @@
+"""Redraw cost of the plots: downsampling keeps what the eye needs, and a redraw that changes nothing
+does not run plotext again (counted on plotext's own `build`), while new data or a new size does."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.geometry import Region
+
+from workbench.widgets.metric_plot import MetricPlot, downsample
+
+
+def _buckets(n: int, max_points: int) -> list[range]:
+    """The buckets `downsample` promises: max_points // 2 equal ones, the remainder one more."""
+    count = max_points // 2
+    k = n // count
+    spans = [range(b * k, (b + 1) * k) for b in range(count)]
+    if count * k < n:
+        spans.append(range(count * k, n))
+    return spans
+
+
+@pytest.mark.parametrize("seed,n,max_points", [(0, 50_000, 160), (1, 12_345, 97), (2, 1_001, 40)])
+def test_downsample_keeps_every_bucket_min_and_max_and_both_ends(seed, n, max_points):
+    rng = random.Random(seed)
+    xs = list(range(1, n + 1))
+    ys = [2.0 * math.exp(-3 * i / n) + 0.1 * rng.random() for i in range(n)]
+    for _ in range(5):  # one-step spikes and dips anywhere
+        ys[rng.randrange(n)] = rng.choice([9.0, -4.0])
+    dx, dy = downsample(xs, ys, max_points)
+    kept = set(zip(dx, dy))
+    for span in _buckets(n, max_points):
+        lo = min(span, key=lambda i: ys[i])
+        hi = max(span, key=lambda i: ys[i])
+        assert (float(xs[lo]), ys[lo]) in kept and (float(xs[hi]), ys[hi]) in kept
+    assert (dx[0], dy[0]) == (1.0, ys[0]) and (dx[-1], dy[-1]) == (float(n), ys[-1])
+    assert dx == sorted(dx) and len(dx) <= max_points + 4
+
+
+class PlotApp(App):
+    def compose(self) -> ComposeResult:
+        yield MetricPlot("loss", id="plot")
+
+
+def _count_builds(plot: MetricPlot) -> list[int]:
+    """Wrap plotext's `build` (the expensive call) with a counter."""
+    calls = [0]
+    build = plot.plt.build
+
+    def counted():
+        calls[0] += 1
+        return build()
+
+    plot.plt.build = counted
+    return calls
+
+
+def _lines(plot: MetricPlot) -> list[str]:
+    return ["".join(seg.text for seg in strip) for strip in plot.render_lines(Region(0, 0, *plot.outer_size))]
+
+
+async def test_redraw_without_change_skips_plotext_and_size_or_data_change_rebuilds():
+    rng = random.Random(0)
+    steps = list(range(1, 20_001))
+    a = (steps, [1 + rng.random() for _ in steps])
+    b = (steps, [2 - i / 20_000 for i in steps])
+    app = PlotApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        plot = app.query_one(MetricPlot)
+        calls = _count_builds(plot)
+        plot.set_series({"a": a, "b": b})
+        await pilot.pause()
+        assert calls[0] == 1
+        first = _lines(plot)
+        assert any("⣿" in line or "⡇" in line for line in first), "curves drawn in braille"
+
+        # Same curves again, an explicit repaint: no plotext.
+        plot.set_series({"a": a, "b": b})
+        plot.refresh()
+        await pilot.pause()
+        assert calls[0] == 1 and _lines(plot) == first
+
+        # Another set of curves, then back to the first: only the new one is built.
+        plot.set_series({"b": b})
+        await pilot.pause()
+        assert calls[0] == 2
+        plot.set_series({"a": a, "b": b})
+        await pilot.pause()
+        assert calls[0] == 2 and _lines(plot) == first
+
+        # The cached frame is what a cold build draws.
+        plot.forget()
+        await pilot.pause()
+        assert calls[0] == 3 and _lines(plot) == first
+
+        # A new size is a new frame, downsampled for the new width.
+        await pilot.resize_terminal(70, 24)
+        await pilot.pause()
+        assert calls[0] == 4 and plot.size.width < 100
+        assert all(len(line) == plot.outer_size.width for line in _lines(plot))
+
+        # Live data grow in place: appending points is new data.
+        a[0].append(20_001)
+        a[1].append(5.0)
+        plot.set_series({"a": a, "b": b})
+        await pilot.pause()
+        assert calls[0] == 5
+
+
+async def test_compare_metric_switch_draws_each_metric_once(tunebench_home):
+    from workbench.app import make_app
+    from workbench.screens.compare import METRICS, CompareScreen, as_arrays
+
+    steps = list(range(1, 5_001))
+    runs, data = {}, {}
+    for r in range(3):
+        runs[f"id{r}"] = {"name": f"run-{r}", "status": "completed", "started_at": 0.0, "ended_at": 60.0}
+        data[f"id{r}"] = as_arrays({m: (steps, [r + 1 / (1 + i) for i in steps]) for m in METRICS})
+    app = make_app(interval=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = CompareScreen(list(runs))
+        screen.load = lambda: None  # data from memory, not the tracker
+        app.push_screen(screen)
+        await pilot.pause()
+        screen.show(runs, data)
+        await pilot.pause()
+        plot = screen.query_one("#compare-plot", MetricPlot)
+        calls = _count_builds(plot)
+        for _ in METRICS:
+            await pilot.press("m")
+            await pilot.pause()
+        assert screen.metric == "loss"
+        assert calls[0] == len(METRICS) - 1, "each other metric built once, loss came from the cache"
+        for _ in METRICS:  # a second round: every frame is cached
+            await pilot.press("m")
+            await pilot.pause()
+        assert calls[0] == len(METRICS) - 1
