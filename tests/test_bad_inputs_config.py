@@ -322,3 +322,23 @@ def test_dataset_max_seq_len_says_it_is_the_datasets(shared_assets, tmp_path):
         DataError, match=r"^max_seq_len \(of the dataset\): must be an integer >= 2, got 0; set it"
     ):
         instruct_dataset(tok, source=str(rows), max_seq_len=0, cache=False)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "needle"),
+    [
+        ("sft", ["optimizer_in_bwd=true", "gradient_accumulation_steps=2"],
+         "gradient_accumulation_steps: 2 cannot be used with optimizer_in_bwd=True"),
+        ("sft", ["optimizer_in_bwd=true", "clip_grad_norm=1.0"],
+         "clip_grad_norm: 1.0 cannot be used with optimizer_in_bwd=True"),
+        ("sft", ["validation.fraction=1.5"], "validation.fraction: expects a number > 0 and < 1, got float 1.5"),
+        ("grpo", ["top_p=2.0"], "top_p: expects a number > 0 and <= 1 or null, got float 2.0"),
+    ],
+)  # fmt: skip
+def test_validate_finds_values_that_only_conflict_at_run_time(recipe, overrides, needle, tmp_path, capsys):
+    """These were reported only once the run had built its model (or, for top_p, sampled)."""
+    path = _write(tmp_path, recipe, _config(recipe, tmp_path, {}))
+    capsys.readouterr()
+    assert main(["validate", str(path), *overrides]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith(needle) and out[1] == f"1 problem in {path}", out

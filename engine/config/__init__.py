@@ -28,7 +28,7 @@ from engine.config._instantiate import instantiate
 from engine.config._interpolate import resolve_interpolations
 from engine.config._load import load_config, load_config_from_argv, split_config_argv
 from engine.config._overrides import Override, apply_overrides, parse_overrides
-from engine.config._validate import CALL_SITE_ARGS, KeyRule, validate, validate_file
+from engine.config._validate import CALL_SITE_ARGS, KeyRule, problem_from_error, validate, validate_file
 from engine.config._yaml import dump_config, load_yaml, parse_yaml
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "load_yaml",
     "parse_overrides",
     "parse_yaml",
+    "problem_from_error",
     "recipe_from_text",
     "reset_allowed_components",
     "resolve_interpolations",

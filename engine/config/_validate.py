@@ -15,6 +15,8 @@ What is checked:
   `CONFIG_TYPES: dict[str, KeyRule]`, each top-level key's value (type, bounds, allowed words, required
   keys, the keys and values of a plain mapping such as `validation:`), so `batch_size: two` or
   `optimizer_in_bwd: "no"` is reported here rather than failing (or silently meaning True) in the run.
+  When it defines `config_problems(cfg) -> list[ConfigProblem]`, the problems between keys that it
+  finds without building anything (e.g. optimizer_in_bwd with gradient accumulation).
 """
 
 from __future__ import annotations
@@ -307,7 +309,8 @@ class KeyRule:
 
     Args:
         type: an annotation as in a builder signature (`int`, `float | None`, `bool`, `dict | list`).
-        minimum: smallest allowed number (inclusive), or None. `above`: the number must exceed it.
+        minimum / maximum: the allowed range of a number (inclusive), or None; `above` / `below`: the
+            number must exceed / stay under it.
         pattern: a regex (full match, case-insensitive) a string value must match; `expect` words it.
         component: a `_component_` mapping (or, with `list` in `type`, a list of them).
         required: the key must be present (and not null).
@@ -317,6 +320,8 @@ class KeyRule:
     type: Any
     minimum: float | None = None
     above: float | None = None
+    maximum: float | None = None
+    below: float | None = None
     pattern: str | None = None
     expect: str = ""
     component: bool = False
@@ -334,10 +339,15 @@ class KeyRule:
             words = ["a mapping with _component_"] + (["a list of them"] if list in members else [])
         else:
             words = [_PLAIN_WORDS.get(_type_name(m), _type_name(m)) for m in members]
-        bound = (
+        low = (
             f" >= {_num(self.minimum)}" if self.minimum is not None
             else f" > {_num(self.above)}" if self.above is not None else ""
         )  # fmt: skip
+        high = (
+            f" <= {_num(self.maximum)}" if self.maximum is not None
+            else f" < {_num(self.below)}" if self.below is not None else ""
+        )  # fmt: skip
+        bound = low + (" and" if low and high else "") + high
         return " or ".join([words[0] + bound, *words[1:]] + (["null"] if nullable else []))
 
 
@@ -376,6 +386,10 @@ def _rule_problem(value: Any, rule: KeyRule) -> str | None:
         if rule.minimum is not None and value < rule.minimum:
             return got
         if rule.above is not None and value <= rule.above:
+            return got
+        if rule.maximum is not None and value > rule.maximum:
+            return got
+        if rule.below is not None and value >= rule.below:
             return got
     if rule.pattern is not None and isinstance(value, str) and not re.fullmatch(rule.pattern, value, re.I):
         return got
@@ -451,6 +465,9 @@ def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
             rules = getattr(module, "CONFIG_TYPES", None)
             if isinstance(rules, dict):
                 _check_key_types(resolved, rules, out)
+            between = getattr(module, "config_problems", None)
+            if callable(between):
+                out.extend(between(resolved))
     _walk(resolved, (), prefixes, call_site, out)
     seen: set[ConfigProblem] = set()
     return [p for p in out if not (p in seen or seen.add(p))]

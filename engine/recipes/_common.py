@@ -43,7 +43,7 @@ TRAINING_KEY_RULES: dict[str, KeyRule] = {
     "validation": KeyRule(
         dict | None,
         keys={
-            "fraction": KeyRule(float, above=0.0),
+            "fraction": KeyRule(float, above=0.0, below=1.0),
             "dataset": KeyRule(dict | list | None, component=True),
             "every_n_steps": _POSITIVE,
             "max_batches": _POSITIVE_OR_NULL,
@@ -76,7 +76,7 @@ TRAINING_KEY_RULES: dict[str, KeyRule] = {
     "max_new_tokens": _POSITIVE,
     "temperature": KeyRule(float, above=0.0),
     "top_k": _POSITIVE_OR_NULL,
-    "top_p": KeyRule(float | None, above=0.0),
+    "top_p": KeyRule(float | None, above=0.0, maximum=1.0),
     "stop_tokens": KeyRule(list[int] | None),
     "rewards": KeyRule(dict | None),
     "reward_weights": KeyRule(dict | None),

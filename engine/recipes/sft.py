@@ -627,6 +627,26 @@ def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dat
     return train, val
 
 
+def config_problems(cfg: dict) -> list:
+    """Problems between keys, found without building anything (`engine.config.validate` calls this).
+
+    Returns a list of `ConfigProblem`: optimizer_in_bwd with gradient accumulation or clipping.
+    """
+    from engine.config import problem_from_error
+    from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
+
+    accum = cfg.get("gradient_accumulation_steps", 1)
+    if cfg.get("optimizer_in_bwd") is not True or not isinstance(accum, int):
+        return []
+    try:
+        check_optimizer_in_backward_allowed(
+            gradient_accumulation_steps=accum, clip_grad_norm=cfg.get("clip_grad_norm")
+        )
+    except ConfigError as exc:
+        return [problem_from_error(exc)]
+    return []
+
+
 def check_config(cfg: dict) -> None:
     """Refuse a config with problems (unknown keys, components, arguments) before anything is built.
 
