@@ -177,8 +177,11 @@ async def test_each_control_changes_the_yaml_and_the_estimate_then_validates_and
         assert launched["optimizer_in_bwd"] is True and launched["dataset"]["packed"] is True
 
 
-async def test_recipes_that_do_not_read_a_control_say_why(recipe_env):
+async def test_recipes_that_do_not_read_a_control_say_why(recipe_env, monkeypatch):
+    from workbench import launcher
     from workbench.screens.recipe import RecipeScreen
+
+    monkeypatch.setattr(launcher, "launch", lambda run_id, **kw: None)  # never start a process here
 
     app = make_app(interval=5)
     async with app.run_test(size=SIZE) as pilot:
@@ -201,6 +204,13 @@ async def test_recipes_that_do_not_read_a_control_say_why(recipe_env):
         panel = screen.query_one("MemoryPanel")
         before = await wait_for(pilot, lambda: panel.last_estimate, 60, "dpo estimate")
         rank = next(w for w, n in screen.control_ids.items() if n == "lora_rank")
+        # A value that cannot be used is one line that stays (and blocks a launch) until fixed.
+        screen.query_one(f"#{rank}").value = ""
+        problems = screen.query_one("#problems")
+        await wait_for(pilot, lambda: "LoRA rank: '' is not a positive integer" in str(problems.render()))
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: any("problem(s)" in str(n.message) for n in app._notifications), 60)
+        assert isinstance(app.screen, RecipeScreen) and "LoRA rank: ''" in str(problems.render())
         screen.query_one(f"#{rank}").value = "64"
         await wait_for(pilot, lambda: panel.last_estimate.trainable_params > before.trainable_params)
         assert parse_yaml(screen.yaml_text)["model"]["lora_rank"] == 64

@@ -129,6 +129,7 @@ class RecipeScreen(Screen):
         self.overrides: dict[str, list[str]] = {}
         self.knob_keys: dict[str, str] = {}  # widget id -> config key
         self.control_ids: dict[str, str] = {}  # widget id -> memory/parallel control name
+        self.control_errors: dict[str, str] = {}  # widget id -> why its value cannot be used
         self.device_count = 0  # GPUs here (0: CPU ranks)
         self._knob_generation = 0
         self.parent_peak_gb: float | None = None
@@ -302,6 +303,7 @@ class RecipeScreen(Screen):
         box = self.query_one("#controls", Vertical)
         box.remove_children()
         self.control_ids.clear()
+        self.control_errors.clear()
         absent = absent_controls(self.base, self.recipe)
         widgets = []
         for c in CONTROLS:
@@ -371,9 +373,12 @@ class RecipeScreen(Screen):
             return
         try:
             overrides = control_overrides(name, value, self.base, self.recipe)
-        except ValueError as exc:
-            self._problems([str(exc)])
+        except ValueError as exc:  # shown until fixed, blocks a launch; the loaded value applies
+            self.control_errors[wid] = str(exc)
+            self.overrides.pop(wid, None)
+            self.recompute()
             return
+        self.control_errors.pop(wid, None)
         if name == "optimizer_in_bwd":
             self._sync_accumulation(bool(value))
         self._set_overrides(wid, overrides)
@@ -427,7 +432,7 @@ class RecipeScreen(Screen):
         except ConfigError as exc:
             self._problems([str(exc)])
             return
-        self._problems([])
+        self._problems(list(self.control_errors.values()))
         method = method_of(self.cfg)
         parent = f"  (clone of {self.clone_of})" if self.clone_of else ""
         self.query_one("#recipe-info", Label).update(f"recipe {self.recipe} · {method}{parent}")
@@ -441,7 +446,8 @@ class RecipeScreen(Screen):
 
         panel = self.query_one(MemoryPanel)
         # What the recipe would refuse at set-up (optimizer-in-backward with accumulation, ...).
-        problems = recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
+        problems = list(self.control_errors.values())
+        problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         self.app.call_from_thread(self._problems, problems)
         cfg = as_read_by(cfg, self.recipe)  # what the estimate reads, as this recipe reads it
         try:
@@ -495,7 +501,8 @@ class RecipeScreen(Screen):
         from engine.config import validate
 
         try:
-            problems = [str(p) for p in validate(cfg, recipe=recipe)]
+            problems = list(self.control_errors.values())
+            problems += [str(p) for p in validate(cfg, recipe=recipe)]
             problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         except Exception as exc:  # validate reports problems; anything else is shown, not raised
             problems = [f"cannot validate: {exc}"]
