@@ -276,3 +276,31 @@ async def test_packing_carries_over_to_every_source_of_a_data_mix(recipe_env):
         await wait_for(
             pilot, lambda: any(str(n.message) == "config is valid" for n in app._notifications), 60
         )
+
+
+async def test_a_conflict_is_listed_once_and_fixed_by_the_control(recipe_env):
+    """optimizer_in_bwd typed into a config with accumulation: validate and the recipe's own check
+    both see it, the screen lists it once; the control's overrides fix it."""
+    from workbench.screens.recipe import RecipeScreen
+
+    (recipe_env / "bwd.yaml").write_text(
+        FULL_YAML.replace("dtype: bf16", "dtype: bf16\noptimizer_in_bwd: true")
+    )
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="bwd.yaml"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: "optimizer_in_bwd" in screen.control_ids.values(), what="controls")
+        await pilot.press("f5")
+        problems = screen.query_one("#problems")
+        await wait_for(pilot, lambda: "1 problem(s)" in " ".join(str(n.message) for n in app._notifications))
+        assert str(problems.render()).count("gradient_accumulation_steps: 4 cannot be used") == 1
+        check = _widget(screen, "optimizer_in_bwd")
+        assert check.value is True
+        check.value = False
+        check.value = True  # turned on from the form: accumulation 1, no clipping
+        await wait_for(pilot, lambda: "clip_grad_norm: null" in screen.yaml_text, what="fixed")
+        await pilot.press("f5")
+        await wait_for(
+            pilot, lambda: any(str(n.message) == "config is valid" for n in app._notifications), 60
+        )

@@ -506,7 +506,7 @@ class RecipeScreen(Screen):
             problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         except Exception as exc:  # validate reports problems; anything else is shown, not raised
             problems = [f"cannot validate: {exc}"]
-        return problems
+        return list(dict.fromkeys(problems))  # validate and recipe_problems may both name a conflict
 
     @work(thread=True, exclusive=True, group="recipe-validate")
     def _validate(self, cfg: dict, recipe: str | None, nproc_text: str = "1") -> None:

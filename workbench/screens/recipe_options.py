@@ -303,9 +303,10 @@ def parse_nproc(text: str, recipe: str | None, device_count: int) -> int:
 
 
 def recipe_problems(cfg: dict, recipe: str | None, nproc: int = 1, device_count: int = 0) -> list[str]:
-    """What the recipe itself would refuse at set-up that the static `validate` does not check:
-    optimizer-in-backward with accumulation or clipping, packing without a pack length, a low-bit
-    optimizer this machine cannot run, too many processes. One line each; [] when none."""
+    """What the recipe would refuse at set-up, checked on every edit (the screen shows it at once):
+    optimizer-in-backward with accumulation or clipping (also in `validate` for sft), packing without
+    a pack length, a low-bit optimizer this machine cannot run, too many processes. One line each;
+    [] when none."""
     from engine.config import ConfigError
 
     out: list[str] = []
