@@ -138,3 +138,50 @@ async def test_compare_metric_switch_draws_each_metric_once(tunebench_home):
             await pilot.press("m")
             await pilot.pause()
         assert calls[0] == len(METRICS) - 1
+
+
+def _figure(curves: dict[str, tuple[list, list]], width: int, height: int, marker: str = "braille") -> str:
+    from textual_plotext.plot import Plot
+
+    plt = Plot()
+    for label, (xs, ys) in curves.items():
+        plt.plot(xs, ys, label=label if len(curves) > 1 else None, marker=marker)
+    plt.plotsize(width, height)
+    plt._set_size(width, height)
+    return plt.build()
+
+
+def test_plotext_fast_path_draws_the_same_figures_as_plotext():
+    """The numpy get_lines/brush/hd_group give byte-identical plotext output to plotext's own."""
+    import plotext._utility as ut
+
+    from workbench.widgets.metric_plot import FAST_PATH, install_plotext_fast_path
+
+    assert install_plotext_fast_path()
+    fast = {name: getattr(ut, name) for name in FAST_PATH}
+    assert all(fast[name] is not ut.tunebench_originals[name] for name in FAST_PATH)
+    rng = random.Random(3)
+    steps = list(range(1, 4_001))
+    noisy = {f"run-{r}": downsample(steps, [2000 + 50 * rng.random() for _ in steps], 200) for r in range(4)}
+    smooth = {f"run-{r}": downsample(steps, [r + math.exp(-i / 900) for i in steps], 200) for r in range(3)}
+    cases = [
+        (noisy, 100, 20, "braille"),
+        (noisy, 37, 41, "braille"),
+        (smooth, 100, 20, "braille"),
+        ({"one": ([1.0], [2.0])}, 40, 10, "braille"),
+        ({"flat": ([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])}, 40, 10, "braille"),
+        ({"gap": ([1.0, 2.0, 3.0, 4.0], [1.0, float("nan"), 3.0, 2.0])}, 40, 10, "braille"),
+        (smooth, 60, 15, "dot"),  # not braille: hd_group is not used, get_lines/brush still are
+        (noisy, 60, 15, "hd"),  # 2 x 2 blocks: hd_group falls back to plotext's own
+    ]
+    try:
+        for curves, width, height, marker in cases:
+            for name in FAST_PATH:
+                setattr(ut, name, ut.tunebench_originals[name])
+            expected = _figure(curves, width, height, marker)
+            for name in FAST_PATH:
+                setattr(ut, name, fast[name])
+            assert _figure(curves, width, height, marker) == expected, (width, height, marker)
+    finally:
+        for name in FAST_PATH:
+            setattr(ut, name, fast[name])
