@@ -342,3 +342,49 @@ def test_validate_finds_values_that_only_conflict_at_run_time(recipe, overrides,
     assert main(["validate", str(path), *overrides]) == 2
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith(needle) and out[1] == f"1 problem in {path}", out
+
+
+EVAL = {"model_dir": "demo", "tasks": ["arith_mc"], "limit": 2}
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        ({"seed": "abc"}, "eval: seed: expects an integer or null, got str 'abc'"),  # a traceback after scoring
+        ({"apply_chat_template": "no"}, "eval: apply_chat_template: expects true or false or null, got str 'no'"),
+        ({"device": "gpu"}, "eval: device: expects cpu, cuda, cuda:N or auto, got str 'gpu'"),  # RuntimeError
+        ({"task_dirs": "/tmp/tasks"}, "eval: task_dirs: expects a list of str or null, got str '/tmp/tasks'"),
+    ],
+)  # fmt: skip
+def test_eval_recipe_refuses_bad_values_before_loading_anything(change, line, tmp_path, capsys):
+    from engine.recipes import eval as eval_recipe
+
+    path = tmp_path / "eval.yaml"
+    path.write_text("# tunebench run eval --config eval.yaml\n" + dump_config(EVAL | change))
+    capsys.readouterr()
+    assert eval_recipe.recipe_main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+
+
+def test_eval_output_dir_and_run_are_checked_before_scoring(tunebench_home, tmp_path, capsys, monkeypatch):
+    """Both used to fail only after the whole evaluation had run (NotADirectoryError traceback)."""
+    from engine.recipes import eval as eval_recipe
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("the evaluation ran before the bad input was reported")
+
+    monkeypatch.setattr("engine.eval.evaluate", no_scoring)
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine\n")
+    path = tmp_path / "eval.yaml"
+    path.write_text(dump_config(EVAL | {"output_dir": str(blocker)}))
+    capsys.readouterr()
+    assert eval_recipe.recipe_main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"eval: output_dir: {blocker} is a file — choose a folder for output_dir"
+    ]
+    path.write_text(dump_config(EVAL | {"run": "no-such-run"}))
+    assert eval_recipe.recipe_main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("eval: ") and "Traceback" not in err[0], err

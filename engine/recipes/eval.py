@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.config import ConfigError, load_config
-from engine.recipes._common import parse_recipe_args
+from engine.config import ConfigError, KeyRule, load_config
+from engine.recipes._common import TRAINING_KEY_RULES, check_output_dir, parse_recipe_args
 
 CONFIG_KEYS: dict[str, str] = {
     "model_dir": "model to score: HF folder, PEFT adapter folder (LoRA checkpoint) or 'demo'",
@@ -47,6 +47,30 @@ CONFIG_KEYS: dict[str, str] = {
     "output_dir": "folder for eval/step_<N>.json with lm-eval's full results (null: not written)",
     "resume": "accepted for the launcher's resume; evaluation simply runs again",
     "allowed_components": "extra module prefixes allowed in _component_ (see the Config section)",
+}
+
+# What each key accepts (engine.config.validate checks it before anything loads); null means the default.
+CONFIG_TYPES: dict[str, KeyRule] = {
+    "model_dir": KeyRule(str | None),
+    "tasks": KeyRule(list[str] | str | None),
+    "limit": KeyRule(float | None, above=0.0),
+    "num_fewshot": KeyRule(int | None, minimum=0),
+    "batch_size": KeyRule(int | None, minimum=1),
+    "max_length": KeyRule(int | None, minimum=1),
+    "max_gen_toks": KeyRule(int | None, minimum=1),
+    "gen_kwargs": KeyRule(dict | None),
+    "apply_chat_template": KeyRule(bool | None),
+    "task_dirs": KeyRule(list[str] | None),
+    "dtype": KeyRule(str | None, pattern=TRAINING_KEY_RULES["dtype"].pattern, expect="fp32, bf16 or null"),
+    "device": KeyRule(
+        str | None, pattern=TRAINING_KEY_RULES["device"].pattern, expect="cpu, cuda, cuda:N or auto"
+    ),
+    "quantize_base": KeyRule(bool | None),
+    "seed": KeyRule(int | None),
+    "run": KeyRule(str | int | None),
+    "step": KeyRule(int | None, minimum=0),
+    "output_dir": KeyRule(str | None),
+    "resume": KeyRule(bool | str | None),
 }
 
 DEFAULTS = {
@@ -127,6 +151,9 @@ class EvalRecipe:
         from engine.tracking import MetricLogger
 
         cfg = self.cfg
+        if cfg["output_dir"]:
+            check_output_dir(cfg["output_dir"])  # before the (long) evaluation, not after it
+        run_id = self._run_id()  # likewise: an unknown run is named before anything is scored
         folder = self._model_dir()
         dtype = cfg["dtype"]
         dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(str(dtype).lower(), dtype) if dtype else None
@@ -150,7 +177,6 @@ class EvalRecipe:
             seed=int(cfg["seed"]),
         )
         step = int(cfg["step"] or 0)
-        run_id = self._run_id()
         logger = MetricLogger(run_id=run_id, echo=False)
         try:
             for score in report.scores:
