@@ -24,6 +24,7 @@ from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.runs_table import format_duration
 
 METRICS = ("loss", "lr", "tokens_per_sec", "mem_peak_gb", "grad_norm")
+NO_CURVE: tuple = ((), ())  # a run without this metric (one object, so cached frames match)
 
 
 def as_arrays(series: dict[str, tuple[list, list]]) -> dict[str, tuple[Any, Any]]:
@@ -198,16 +199,22 @@ class CompareScreen(Screen):
                 table.add_row(key, *values)
         return table
 
+    def curves(self, metric: str) -> dict[str, tuple[Any, Any]]:
+        """Run name -> (steps, values) of `metric`; the same objects on every call (the plot's
+        caches know curves by identity)."""
+        return {
+            str(self.runs[rid].get("name")): self.data[rid].get(metric, NO_CURVE)
+            for rid in self.run_ids
+            if rid in self.data
+        }
+
     def redraw_plot(self) -> None:
+        """Show the current metric; the frames of the others are prepared in the plot's worker."""
         plot = self.query_one("#compare-plot", MetricPlot)
         plot.border_title = self.metric
-        plot.set_series(
-            {
-                str(self.runs[rid].get("name")): self.data[rid].get(self.metric, ([], []))
-                for rid in self.run_ids
-                if rid in self.data
-            }
-        )
+        plot.set_series(self.curves(self.metric))
+        others = [self.curves(m) for m in METRICS if m != self.metric]
+        self.call_after_refresh(plot.prepare, others)  # once the layout (and so the plot's size) settled
 
     def action_next_metric(self) -> None:
         self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]

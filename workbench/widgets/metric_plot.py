@@ -13,10 +13,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from rich.text import Text
+from textual import events, work
 from textual.content import Content
 from textual.strip import Strip
 from textual.visual import Visual
+from textual.worker import get_current_worker
 from textual_plotext import PlotextPlot
+from textual_plotext.plot import Plot
 
 Curve = tuple[Sequence[float], Sequence[float]]
 
@@ -161,6 +165,37 @@ def install_plotext_fast_path() -> bool:
     return True
 
 
+def build_figure(
+    plt: Plot,
+    series: dict[str, Curve],
+    title: str,
+    size: tuple[int, int],
+    theme_name: str,
+    downsampled=downsample,
+) -> Text:
+    """Draw `series` into the plotext figure `plt` at `size` (columns, rows) and return it as Rich
+    text. Each curve is `downsampled(xs, ys, budget)` first: one bucket (its minimum and maximum) per
+    column, since braille draws two sub-columns per cell and more points cost plotext time without
+    showing more. Curves without points are skipped; none at all reads "<title>: no data yet"."""
+    width, height = size
+    plt.clear_data()
+    plt.clear_figure()
+    plt.title("")
+    budget = 2 * max(10, width or 80)
+    drawn = False
+    for label, (xs, ys) in series.items():
+        px, py = downsampled(xs, ys, budget)
+        if px:
+            plt.plot(px, py, label=label if len(series) > 1 else None, marker="braille")
+            drawn = True
+    if not drawn:
+        plt.title(f"{title}: no data yet")
+    plt.plotsize(width, height)
+    plt._set_size(width, height)  # as textual-plotext does: plotsize alone does not always resize
+    plt.theme(theme_name)
+    return Text.from_ansi(plt.build())
+
+
 def _identity(series: dict[str, Curve]) -> tuple:
     """What identifies a set of curves for the caches: labels, the objects and their lengths."""
     return tuple((label, id(xs), id(ys), len(xs), len(ys)) for label, (xs, ys) in series.items())
@@ -169,7 +204,9 @@ def _identity(series: dict[str, Curve]) -> tuple:
 class MetricPlot(PlotextPlot):
     """Curves `{label: (steps, values)}` drawn together; `set_series` replaces them and redraws.
 
-    `builds` counts the frames plotext has built (a repaint from the cache does not add one).
+    `prepare` builds the frames of other curve sets (Compare's other metrics) in a worker thread,
+    so that showing one of them later is a cache hit. `builds` counts the frames built on the event
+    loop, `prepared` those built by the worker.
     """
 
     DEFAULT_CSS = """
@@ -190,11 +227,14 @@ class MetricPlot(PlotextPlot):
         self.border_title = title
         self.border_subtitle = "by step"
         self.builds = 0
+        self.prepared = 0
         self._series: dict[str, Curve] = {}
         self._identity: tuple = ()
+        self._alternatives: list[dict[str, Curve]] = []
         # Both caches keep the source objects in their values, so the ids in their keys stay unique.
         self._curves: OrderedDict[tuple, tuple[Curve, tuple[list[float], list[float]]]] = OrderedDict()
-        self._frames: OrderedDict[tuple, tuple[dict[str, Curve], Content]] = OrderedDict()
+        # frame key -> [curves, Content, the visual style its lines were made with, the lines]
+        self._frames: OrderedDict[tuple, list] = OrderedDict()
 
     @property
     def series(self) -> dict[str, Curve]:
@@ -209,6 +249,19 @@ class MetricPlot(PlotextPlot):
             return
         self._series, self._identity = series, identity
         self.refresh()
+
+    def prepare(self, alternatives: list[dict[str, Curve]]) -> None:
+        """Build the frames of these curve sets in a worker thread at the current size (and again
+        after each resize), so that `set_series` with one of them costs a cache hit. Replaces the
+        previous list; frames already cached are skipped."""
+        self._alternatives = [dict(series) for series in alternatives]
+        width, height = self.size
+        if self._alternatives and width and height:
+            self._prepare(self._alternatives, (width, height), self.theme, self.app.theme)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._alternatives:
+            self.prepare(self._alternatives)
 
     def forget(self) -> None:
         """Drop the cached frames and downsampled curves and repaint (the next frame is built cold)."""
@@ -227,49 +280,53 @@ class MetricPlot(PlotextPlot):
             self._curves.move_to_end(key)
         return hit[1]
 
-    def _draw(self, width: int) -> None:
-        """Put the current curves, downsampled for `width` columns, into a cleared plotext figure."""
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title("")
-        # One bucket (its minimum and maximum) per terminal column: braille draws two sub-columns per
-        # cell, so the two points fill them; more points cost plotext time without showing more.
-        budget = max(8, 2 * width)
-        drawn = False
-        for label, (xs, ys) in self._series.items():
-            px, py = self._downsampled(xs, ys, budget)
-            if px:
-                plt.plot(px, py, label=label if len(self._series) > 1 else None, marker="braille")
-                drawn = True
-        if not drawn:
-            plt.title(f"{self.title}: no data yet")
+    def _key(self, series: dict[str, Curve], size: tuple[int, int], theme: str, app_theme: str) -> tuple:
+        return (_identity(series), self.title, *size, theme, app_theme)
 
-    def _frame_key(self) -> tuple:
-        width, height = self.size
-        return (_identity(self._series), self.title, width, height, self.theme, self.app.theme)
-
-    def render(self) -> Any:
-        """The frame for the current curves, size and theme: from the cache, else built by plotext."""
-        key = self._frame_key()
-        hit = self._frames.get(key)
-        if hit is not None:
-            self._frames.move_to_end(key)
-            return hit[1]
-        self._draw(max(10, self.size.width or 80))
-        frame = Content.from_rich_text(super().render(), console=self.app.console)
-        self.builds += 1
-        self._frames[key] = [self._series, frame, None, None]
+    def _keep(self, key: tuple, series: dict[str, Curve], text: Text) -> Content:
+        frame = Content.from_rich_text(text, console=self.app.console)
+        self._frames[key] = [series, frame, None, None]
         while len(self._frames) > self.FRAMES_KEPT:
             self._frames.popitem(last=False)
         return frame
 
+    @work(thread=True, exclusive=True, group="metric-plot-prepare")
+    def _prepare(self, alternatives: list, size: tuple[int, int], theme: str, app_theme: str) -> None:
+        worker, plt = get_current_worker(), Plot()  # its own figure: the widget's stays on the loop
+        theme_name = self._get_plotext_theme_name(app_theme)
+        for series in alternatives:
+            key = self._key(series, size, theme, app_theme)
+            if worker.is_cancelled:
+                return
+            if key in self._frames:
+                continue
+            text = build_figure(plt, series, self.title, size, theme_name)
+            self.app.call_from_thread(self._add_prepared, key, series, text)
+
+    def _add_prepared(self, key: tuple, series: dict[str, Curve], text: Text) -> None:
+        if key not in self._frames:
+            self._keep(key, series, text)
+            self.prepared += 1
+
+    def render(self) -> Any:
+        """The frame for the current curves, size and theme: from the cache, else built by plotext."""
+        size = (self.size.width, self.size.height)
+        key = self._key(self._series, size, self.theme, self.app.theme)
+        hit = self._frames.get(key)
+        if hit is not None:
+            self._frames.move_to_end(key)
+            return hit[1]
+        theme_name = self._get_plotext_theme_name(self.app.theme)
+        text = build_figure(self.plt, self._series, self.title, size, theme_name, self._downsampled)
+        self.builds += 1
+        return self._keep(key, self._series, text)
+
     def render_line(self, y: int) -> Strip:
         """Line `y` of the frame; the frame's lines are kept with it, so a repaint of curves already
-        drawn skips both plotext and Textual's line layout (the dearest part for noisy curves)."""
+        drawn skips both plotext and Textual's line layout."""
         width, height = self.size
         frame = self.render()
-        entry = self._frames[self._frame_key()]
+        entry = self._frames[self._key(self._series, (width, height), self.theme, self.app.theme)]
         style = self.visual_style
         if entry[2] != style:
             entry[2], entry[3] = style, Visual.to_strips(self, frame, width, height, style)
