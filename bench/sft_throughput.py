@@ -8,7 +8,9 @@ transformers and loaded by each), on the same token batches, with the same optim
 in fp32 and bf16, at two shapes: "tiny" (4 layers, dim 256) and "50m" (8 layers, dim 512, ~58M
 parameters). One optimizer step = forward + loss + backward + AdamW step + zero_grad.
 
-- tunebench: `engine.models.llama3` decoder + `LinearCrossEntropyLoss` (as the SFT recipe runs it).
+- tunebench: `engine.models.llama3` decoder + `LinearCrossEntropyLoss`, inside
+  `engine.training.cpu_fast_paths` (as the SFT recipe runs it on CPU: freed buffers kept between steps,
+  and on CPUs without bf16 instructions bf16 matmuls/attention computed in fp32 and rounded to bf16).
 - transformers: `LlamaForCausalLM` (SDPA attention) + cross-entropy on its logits in fp32.
 - torchtune: `torchtune.models.llama3.llama3` + `CEWithChunkedOutputLoss` (its recipes' default),
   weights converted with its own `hf_to_tune`.
@@ -93,6 +95,7 @@ def _worker_tunebench(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, s
     from engine.checkpoint import load_hf_weights
     from engine.models.llama3 import llama3
     from engine.modules.loss import LinearCrossEntropyLoss
+    from engine.training.cpu_fast_paths import cpu_fast_paths
 
     dtype = _torch_dtype(dtype_name)
     with torch.device("meta"):
@@ -114,7 +117,10 @@ def _worker_tunebench(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, s
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _time_steps(step, warmup=warmup, steps=steps)
+    # as the recipes run on CPU (engine.recipes._common.run_recipe_main): freed buffers kept for the
+    # next step; bf16 matmuls in fp32 on CPUs without bf16 instructions
+    with cpu_fast_paths("cpu", dtype):
+        return _time_steps(step, warmup=warmup, steps=steps)
 
 
 def _worker_hf(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, steps: int) -> list[float]:
@@ -211,6 +217,9 @@ def main() -> int:
     parser.add_argument("--impls", default="tunebench,transformers,torchtune")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--bf16-steps", type=int, default=3, help="timed steps in bf16 (one warm-up): peers take ~40 s a step"
+    )
     parser.add_argument("--out", default=str(HERE / "out" / "sft_throughput.json"))
     args = parser.parse_args()
 
@@ -241,7 +250,8 @@ def main() -> int:
             for dtype in args.dtypes.split(","):
                 row = {"shape": shape_name, "dtype": dtype, "peak_tflops": peaks[dtype] / 1e12}
                 for impl in impls:
-                    res = _run_worker(impl, shape_name, dtype, hf_dir, args.warmup, args.steps)
+                    warmup, steps = (1, args.bf16_steps) if dtype == "bf16" else (args.warmup, args.steps)
+                    res = _run_worker(impl, shape_name, dtype, hf_dir, warmup, steps)
                     row[impl] = res
                     if "tokens_per_sec" in res:
                         res["mfu"] = res["tokens_per_sec"] * fpt / peaks[dtype]

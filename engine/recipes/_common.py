@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -322,6 +323,7 @@ def run_recipe_main(
     (`ConfigError`: one line `NAME: field: what — what to do`). Never returns: `shutdown` exits the rank.
     """
     from engine.training import init_distributed, shutdown
+    from engine.training.cpu_fast_paths import cpu_fast_paths
 
     config_path, overrides = parse_recipe_args(argv, prog=f"python -m engine.recipes.{name}")
     code, recipe = 0, None
@@ -331,7 +333,11 @@ def run_recipe_main(
         check_output_dir(cfg.get("output_dir") or f"./runs/{name}")
         recipe = recipe_cls(cfg, dist_info=init_distributed())
         recipe.setup()
-        code = recipe.train()
+        # CPU runs: keep freed buffers for the next step; bf16 matmuls in fp32 on CPUs without bf16 units
+        with cpu_fast_paths(recipe.device, recipe.dtype, compile=bool(cfg.get("compile", False))) as note:
+            if note and int(os.environ.get("RANK", "0")) == 0:
+                print(f"{name}: {note}", file=sys.stderr, flush=True)
+            code = recipe.train()
     except ConfigError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         code = 2

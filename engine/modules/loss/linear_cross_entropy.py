@@ -31,10 +31,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
         num_tokens = hidden.shape[0]
         per_token = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)  # [N]
         grad_hidden = torch.empty_like(hidden) if need_grad else None  # [N, D]
-        # [V, D] fp32 accumulator: bf16 sums over many chunks would lose precision.
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
-        )
+        # [V, D] fp32 accumulator (bf16 sums over many chunks would lose precision), made by the first
+        # chunk's product rather than zero-filled and added to
+        grad_weight = None
         for start in range(0, num_tokens, chunk_size):
             end = min(start + chunk_size, num_tokens)
             h = hidden[start:end]  # [n, D]
@@ -53,12 +52,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 probs[rows, t] -= 1.0
                 d_logits = probs.to(hidden.dtype)  # [n, V]
                 grad_hidden[start:end] = d_logits @ weight  # [n, D]
-                if weight.dtype == torch.float32:
+                if grad_weight is None:
+                    grad_weight = (d_logits.t() @ h).float()  # [V, D] = [V, n] @ [n, D]
+                elif weight.dtype == torch.float32:
                     grad_weight.addmm_(d_logits.t(), h)  # [V, D] += [V, n] @ [n, D]
                 else:
                     grad_weight.add_(d_logits.t() @ h)
             del logits, exps
         if need_grad:
+            if grad_weight is None:  # no token left to learn from: zero gradients
+                grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.backward_done = False

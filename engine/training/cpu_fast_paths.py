@@ -1,0 +1,163 @@
+"""Two CPU-only speed-ups the recipes switch on for themselves when they train on the CPU.
+
+1. `keep_freed_memory()`: glibc hands every allocation above its mmap threshold (128 KiB, growing to
+   at most 32 MiB) straight to `mmap` and gives it back with `munmap` when freed. A training step
+   allocates the same large buffers every time (`[N, V]` logit blocks, `[V, D]` embedding and output
+   gradients: 65 MB each at vocab 32k, dim 512), so every step page-faults them in again, one 4 KiB
+   page at a time, and the kernel zeroes each page: ~50k faults and ~10% of a 50M-parameter step on
+   this project's 2-core box (`tests/engine/training/test_cpu_fast_paths.py` counts them). Raising the
+   mmap and trim thresholds keeps freed memory in the process for the next step. Resident memory
+   stays at the step's peak instead of dropping between steps; nothing else changes.
+
+2. `Bf16MatmulsInFp32`: on CPUs without bf16 instructions (no AVX512-BF16, no AMX — e.g. AVX2-only
+   EPYC or Xeon) PyTorch's bf16 GEMM and CPU flash attention fall back to scalar code, ~40x slower
+   than fp32 GEMM. Inside this mode every bf16 `mm`/`addmm`/`bmm`/`baddbmm` and the CPU flash-attention
+   forward/backward run on fp32 copies of their inputs and round the result back to bf16. A product
+   of two bf16 values is exact in fp32 and a bf16 GEMM accumulates in fp32 anyway, so the result is
+   the one a native bf16 kernel would give up to summation order (one bf16 rounding at the end):
+   parameters, activations and gradients stay bf16, only the arithmetic runs on the fast path.
+   Elementwise ops are left alone (they are memory-bound and already vectorised for bf16).
+
+`cpu_fast_paths(device, dtype, compile=...)` applies both where they help: a CUDA run gets neither,
+an fp32 CPU run the allocator setting only, a bf16 CPU run on such a CPU both (unless the blocks are
+`torch.compile`d: inductor then picks its own kernels and a dispatch mode would only get in its way).
+`TUNEBENCH_CPU_BF16_MATMUL=native|fp32` forces the matmul choice either way (auto by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.config import ConfigError
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_KEEP_BYTES = 1 << 30  # allocations below 1 GiB come from the heap and stay there once freed
+
+_aten = torch.ops.aten
+# op -> indices of the outputs that are bf16 when the inputs are (the rest, e.g. logsumexp, are fp32)
+_UPCAST_OPS: dict = {
+    _aten.mm.default: None,
+    _aten.addmm.default: None,
+    _aten.bmm.default: None,
+    _aten.baddbmm.default: None,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default: (0,),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (0, 1, 2),
+}
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed allocations under 1 GiB in the process (glibc only). True when it was applied."""
+    path = ctypes.util.find_library("c")
+    if not path:
+        return False
+    try:
+        libc = ctypes.CDLL(path)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * _KEEP_BYTES))
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX) that PyTorch's kernels use."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def _plain(x: object) -> bool:
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def _plain_cpu_bf16(x: object) -> bool:
+    return _plain(x) and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+
+
+def _to_fp32(x: object) -> object:
+    return x.float() if _plain_cpu_bf16(x) else x
+
+
+class Bf16MatmulsInFp32(TorchDispatchMode):
+    """Run bf16 CPU matmuls and flash attention on fp32 copies, rounding results back to bf16.
+
+    Only plain CPU tensors (and parameters) are touched: an op with a tensor subclass argument (DTensor,
+    NF4) passes through, and reaches this mode again with plain tensors once the subclass has unwrapped
+    itself; every other op and
+    every other dtype runs unchanged. `hits` counts the ops that took the fp32 path.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        bf16_outputs = _UPCAST_OPS.get(func, False)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if (
+            bf16_outputs is False
+            or not any(_plain_cpu_bf16(t) for t in tensors)
+            or not all(_plain(t) for t in tensors)  # a subclass: it unwraps itself and comes back
+        ):
+            return func(*args, **kwargs)
+        self.hits += 1
+        out = func(*(_to_fp32(a) for a in args), **{k: _to_fp32(v) for k, v in kwargs.items()})
+        if isinstance(out, torch.Tensor):
+            return out.to(torch.bfloat16)
+        return tuple(
+            o.to(torch.bfloat16) if isinstance(o, torch.Tensor) and i in bf16_outputs else o
+            for i, o in enumerate(out)
+        )
+
+
+def wants_bf16_matmuls_in_fp32(device: torch.device, dtype: torch.dtype, *, compile: bool = False) -> bool:
+    """Whether `cpu_fast_paths` runs bf16 matmuls in fp32 for this run (see the module docstring).
+
+    Raises:
+        ConfigError: TUNEBENCH_CPU_BF16_MATMUL set to something other than auto, native or fp32.
+    """
+    choice = os.environ.get("TUNEBENCH_CPU_BF16_MATMUL", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "native", "fp32"):
+        raise ConfigError(
+            f"environment TUNEBENCH_CPU_BF16_MATMUL={choice!r}: set it to auto, native or fp32 (or unset it)",
+            field="TUNEBENCH_CPU_BF16_MATMUL",
+        )
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or choice == "native":
+        return False
+    return choice == "fp32" or (not compile and not cpu_has_fast_bf16())
+
+
+BF16_IN_FP32_NOTE = (
+    "this CPU has no bf16 matrix instructions: bf16 matmuls and attention run in fp32 and round to bf16 "
+    "(TUNEBENCH_CPU_BF16_MATMUL=native turns this off)"
+)
+
+
+@contextlib.contextmanager
+def cpu_fast_paths(
+    device: torch.device | str, dtype: torch.dtype, *, compile: bool = False
+) -> Iterator[str | None]:
+    """The CPU speed-ups that apply to a run on `device` in `dtype` (nothing on CUDA), for its duration.
+
+    Yields `BF16_IN_FP32_NOTE` when bf16 matmuls run in fp32 (for the run's log), else None.
+    The allocator setting is process-wide and stays after the block (it only changes when memory is
+    returned to the OS); the bf16 matmul mode is active inside the block only, on this thread.
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        yield None
+        return
+    keep_freed_memory()
+    if not wants_bf16_matmuls_in_fp32(device, dtype, compile=compile):
+        yield None
+        return
+    with Bf16MatmulsInFp32():
+        yield BF16_IN_FP32_NOTE
