@@ -388,3 +388,16 @@ def test_eval_output_dir_and_run_are_checked_before_scoring(tunebench_home, tmp_
     assert eval_recipe.recipe_main(["--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("eval: ") and "Traceback" not in err[0], err
+
+
+@pytest.mark.parametrize("override", ["dataset.0.source=x", "~dataset.0"])
+def test_an_override_indexing_a_mapping_says_it_is_not_a_list(override, tmp_path, capsys):
+    """`dataset.0.source=x` on a single dataset used to add a key `0` (then 'unknown argument 0')."""
+    path = _write(tmp_path, "sft", _config("sft", tmp_path, {}))
+    capsys.readouterr()
+    assert main(["validate", str(path), override]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        f"override {override!r}: dataset is a mapping, not a list, so it has no item 0"
+        " — use one of its keys (_component_, source, max_seq_len)"
+    )

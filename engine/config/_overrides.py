@@ -95,6 +95,17 @@ def _kept_args(node: dict, target: Any) -> dict:
     return {k: v for k, v in node.items() if k != "_component_" and k in names}
 
 
+def _no_index_into_mapping(node: Any, key: Any, ov: Override, where: tuple) -> None:
+    """Refuse `dataset.0.source=x` when `dataset` is a mapping: it would add a key `0`, not index a list."""
+    if isinstance(node, dict) and isinstance(key, int) and key not in node and str(key) not in node:
+        keys = ", ".join(map(str, node)) or "none"
+        raise ConfigError(
+            f"override {ov.text!r}: {dotted(where) if where else 'the config'} is a mapping, not a list, so it has"
+            f" no item {key} — use one of its keys ({keys})",
+            field=ov.text,
+        )
+
+
 def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
     node: Any = cfg
     for i, key in enumerate(ov.path[:-1]):
@@ -102,6 +113,7 @@ def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
         if isinstance(node, dict):
             if key not in node and str(key) in node:
                 key = str(key)
+            _no_index_into_mapping(node, key, ov, ov.path[:i])
             if key not in node:
                 if not create:
                     raise ConfigError(
@@ -156,6 +168,7 @@ def apply_override(cfg: dict, ov: Override) -> None:
         return
     if key not in parent and str(key) in parent:
         key = str(key)
+    _no_index_into_mapping(parent, key, ov, ov.path[:-1])
     exists = key in parent
     if ov.op == "delete":
         if not exists:
