@@ -401,3 +401,17 @@ def test_an_override_indexing_a_mapping_says_it_is_not_a_list(override, tmp_path
         f"override {override!r}: dataset is a mapping, not a list, so it has no item 0"
         " — use one of its keys (_component_, source, max_seq_len)"
     )
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_data_file_that_is_not_utf8_names_the_file(suffix, tmp_path):
+    """Was a UnicodeDecodeError from pyarrow, reported as the builder refusing its arguments."""
+    from engine.data.errors import DataError
+    from engine.data.sources import load_rows
+
+    path = tmp_path / f"rows{suffix}"
+    path.write_bytes('{"instruction": "café", "input": "", "output": "b"}\n'.encode("latin-1"))
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    assert str(info.value).startswith(f"source '{path}': is not UTF-8 text")
+    assert str(info.value).endswith("save the file as UTF-8")

@@ -143,7 +143,13 @@ def load_rows(
             f"source {str(source)!r}: cannot be read as a dataset ({type(exc).__name__}: {first}); "
             "check the file's format, or that the Hub name and split exist and the Hub is reachable"
         ) from None
-    return ds.to_list()
+    try:
+        return ds.to_list()
+    except UnicodeDecodeError as exc:  # the JSON reader keeps bytes that are not UTF-8; they fail here
+        raise DataError(
+            f"source {str(source)!r}: is not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} in a "
+            f"value: {exc.reason}); save the file as UTF-8"
+        ) from None
 
 
 def _is_blank(path: Path) -> bool:
