@@ -1,10 +1,14 @@
 """A line plot of one or more metric curves (by step), downsampled to the plot's width.
 
 Redraws are cheap where nothing changed: each curve is downsampled once per (curve, plot width) and
-each painted frame is kept per (curves, size, theme), so a repaint, a second `set_series` with the same
-curves, or switching back to curves already drawn never runs plotext again. Curves are identified by
-the objects passed in and their length: hand over new objects (or append) when the data change, never
-edit values in place.
+each painted frame (with Textual's lines for it) is kept per (curves, size, theme), so a repaint, a
+second `set_series` with the same curves, or switching back to curves already drawn runs neither
+plotext nor Textual's line layout. `prepare` builds frames of other curve sets in a worker thread.
+Curves are identified by the objects passed in and their length: hand over new objects (or append)
+when the data change, never edit values in place.
+
+What a first draw still costs is plotext turning the curves into braille pixels; its per-pixel
+Python loops are replaced by numpy versions with byte-identical output (`install_plotext_fast_path`).
 """
 
 from __future__ import annotations
