@@ -276,7 +276,9 @@ def test_a_damaged_recipe_state_file_is_named_briefly(tmp_path):
     [
         (["run", "sft", "--config", "x.yaml", "--nproc", "abc"],
          "tunebench run: argument --nproc: invalid int value: 'abc' — see `tunebench run --help`"),
-        (["runs", "--bogus"], "tunebench: unrecognized arguments: --bogus — see `tunebench --help`"),
+        (["runs", "--bogus"], "tunebench runs: unrecognized arguments: --bogus — see `tunebench runs --help`"),
+        (["generate", "demo", "--prompt", "hi"],
+         "tunebench generate: unrecognized arguments: --prompt — see `tunebench generate --help`"),
         (["eval", "demo", "--tasks", "arith_mc", "--limit", "abc"],
          "tunebench eval: argument --limit: invalid float value: 'abc' — see `tunebench eval --help`"),
     ],

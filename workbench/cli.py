@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # name the subcommand whose options these are not (argparse names only `tunebench`)
+        _parser_of(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         _reconcile_lost_runs()
         if args.command is None:
@@ -56,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tunebench: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+def _parser_of(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The subcommand's own parser (for its usage and --help in error lines); the root one without."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
 
 
 def _reconcile_lost_runs() -> None:
