@@ -417,3 +417,25 @@ def test_a_data_file_that_is_not_utf8_names_the_file(suffix, tmp_path):
         load_rows(path)
     assert str(info.value).startswith(f"source '{path}': is not UTF-8 text")
     assert str(info.value).endswith("save the file as UTF-8")
+
+
+def test_resume_true_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):
+    """`resume: true` on an empty output_dir trains from step 0 (a run killed before its first
+    checkpoint restarts that way); it used to do so without a word."""
+    import engine.training
+    from engine.recipes import grpo
+
+    def _shutdown(code: int = 0):
+        raise _Exited(code)
+
+    monkeypatch.setattr(engine.training, "shutdown", _shutdown)
+    cfg = _config("grpo", tmp_path, {"resume": True, "num_samples_to_log": 0})
+    path = _write(tmp_path, "grpo", cfg)
+    capsys.readouterr()
+    with pytest.raises(_Exited) as info:
+        grpo.recipe_main(["--config", str(path)])
+    captured = capsys.readouterr()
+    assert info.value.code == 0, captured.err
+    notice = f"no checkpoint under {tmp_path / 'out'}/checkpoints yet: starting at step 0"
+    assert notice in captured.out + captured.err
+    assert (tmp_path / "out" / "checkpoints" / "step_1").is_dir()

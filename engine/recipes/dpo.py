@@ -192,7 +192,10 @@ class DPORecipe:
         if resume in (False, None, "false"):
             return
         path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
-        if path is None:
+        if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+            self.logger.event(
+                0, "resume", f"no checkpoint under {self.output_dir}/checkpoints yet: starting at step 0"
+            )
             return
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:

@@ -114,7 +114,8 @@ class SFTRecipe:
         self.tp = int(cfg.get("tensor_parallel_dim", 1))
         if self.tp < 1 or self.world_size % self.tp:
             raise ConfigError(
-                f"tensor_parallel_dim: {self.tp} must divide the number of ranks ({self.world_size})",
+                f"tensor_parallel_dim: {self.tp} must divide the number of ranks ({self.world_size}) "
+                "— set it to a divisor of --nproc (1: no tensor parallelism)",
                 field="tensor_parallel_dim",
             )
         self.dp_size, self.dp_rank = self.world_size // self.tp, self.rank // self.tp
@@ -348,8 +349,11 @@ class SFTRecipe:
         if resume in (False, None, "false"):
             return
         path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
-        if path is None:
-            return  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+        if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+            self.logger.event(
+                0, "resume", f"no checkpoint under {self.output_dir}/checkpoints yet: starting at step 0"
+            )
+            return
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
