@@ -199,3 +199,32 @@ def test_plotext_fast_path_draws_the_same_figures_as_plotext():
     finally:
         for name in FAST_PATH:
             setattr(ut, name, fast[name])
+
+
+async def test_closing_compare_while_the_plot_worker_builds_ends_it_cleanly(tunebench_home):
+    from textual.worker import WorkerState
+
+    from workbench.app import make_app
+    from workbench.screens.compare import METRICS, CompareScreen, as_arrays
+
+    rng = random.Random(2)
+    steps = list(range(1, 50_001))
+    noise = [rng.random() for _ in steps]
+    runs = {f"id{r}": {"name": f"run-{r}", "status": "completed"} for r in range(3)}
+    data = {rid: as_arrays({m: (steps, noise) for m in METRICS}) for rid in runs}
+    app = make_app(interval=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = CompareScreen(list(runs))
+        screen.load = lambda: None
+        app.push_screen(screen)
+        await pilot.pause()
+        screen.show(runs, data)
+        plot = screen.query_one("#compare-plot", MetricPlot)
+        worker = plot.prepare([screen.curves(m) for m in METRICS[1:]])
+        await pilot.press("q")  # back to Runs while the worker draws noisy bands
+        await app.workers.wait_for_complete()
+        assert worker is not None and worker.state in (
+            WorkerState.CANCELLED,
+            WorkerState.SUCCESS,
+        )  # not ERROR
+        assert not isinstance(app.screen, CompareScreen)

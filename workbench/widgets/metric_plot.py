@@ -22,7 +22,7 @@ from textual import events, work
 from textual.content import Content
 from textual.strip import Strip
 from textual.visual import Visual
-from textual.worker import get_current_worker
+from textual.worker import Worker, get_current_worker
 from textual_plotext import PlotextPlot
 from textual_plotext.plot import Plot
 
@@ -254,14 +254,16 @@ class MetricPlot(PlotextPlot):
         self._series, self._identity = series, identity
         self.refresh()
 
-    def prepare(self, alternatives: list[dict[str, Curve]]) -> None:
+    def prepare(self, alternatives: list[dict[str, Curve]]) -> Worker | None:
         """Build the frames of these curve sets in a worker thread at the current size (and again
         after each resize), so that `set_series` with one of them costs a cache hit. Replaces the
-        previous list; frames already cached are skipped."""
+        previous list; frames already cached are skipped. Returns the worker (None before the plot
+        has a size or without curve sets)."""
         self._alternatives = [dict(series) for series in alternatives]
         width, height = self.size
         if self._alternatives and width and height:
-            self._prepare(self._alternatives, (width, height), self.theme, self.app.theme)
+            return self._prepare(self._alternatives, (width, height), self.theme, self.app.theme)
+        return None
 
     def on_resize(self, event: events.Resize) -> None:
         if self._alternatives:
@@ -294,7 +296,7 @@ class MetricPlot(PlotextPlot):
             self._frames.popitem(last=False)
         return frame
 
-    @work(thread=True, exclusive=True, group="metric-plot-prepare")
+    @work(thread=True, exclusive=True, group="metric-plot-prepare", exit_on_error=False)
     def _prepare(self, alternatives: list, size: tuple[int, int], theme: str, app_theme: str) -> None:
         worker, plt = get_current_worker(), Plot()  # its own figure: the widget's stays on the loop
         theme_name = self._get_plotext_theme_name(app_theme)
@@ -305,7 +307,12 @@ class MetricPlot(PlotextPlot):
             if key in self._frames:
                 continue
             text = build_figure(plt, series, self.title, size, theme_name)
-            self.app.call_from_thread(self._add_prepared, key, series, text)
+            if worker.is_cancelled:  # screen closed meanwhile (or the app is quitting)
+                return
+            try:
+                self.app.call_from_thread(self._add_prepared, key, series, text)
+            except RuntimeError:  # the app stopped while this frame was built
+                return
 
     def _add_prepared(self, key: tuple, series: dict[str, Curve], text: Text) -> None:
         if key not in self._frames:
