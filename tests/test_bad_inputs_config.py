@@ -123,6 +123,8 @@ CASES = [
     ("kd", {"seed": "abc"}, "seed: expects an integer, got str 'abc'"),
     ("grpo", {"group_size": "two"}, "group_size: expects an integer >= 1, got str 'two'"),
     ("grpo", {"rewards": ["x"]}, "rewards: expects a mapping or null, got list ['x']"),
+    ("grpo", {"reward_weights": {"correct": "high"}},
+     "reward_weights: expects a mapping of reward name to number, or null, got dict {'correct': 'high'}"),
 ]  # fmt: skip
 
 
@@ -439,3 +441,14 @@ def test_resume_true_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypa
     notice = f"no checkpoint under {tmp_path / 'out'}/checkpoints yet: starting at step 0"
     assert notice in captured.out + captured.err
     assert (tmp_path / "out" / "checkpoints" / "step_1").is_dir()
+
+
+def test_a_component_of_the_wrong_kind_is_named_once(tmp_path, monkeypatch, capsys):
+    """A tokenizer class given as a reward function: the recipe's call-site arguments do not fit."""
+    cfg = _config("grpo", tmp_path, {"rewards": {"x": {"_component_": "engine.rl.toy_task.DigitTokenizer"}}})
+    code, lines, err = run_recipe(monkeypatch, capsys, "grpo", _write(tmp_path, "grpo", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("grpo: engine.rl.toy_task.DigitTokenizer cannot take these arguments (")
+    assert lines[0].endswith(
+        "or check that engine.rl.toy_task.DigitTokenizer is the right kind of component here"
+    )

@@ -46,6 +46,9 @@ def _call(node: dict, path: str, args: tuple, kwargs: dict) -> Any:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
         sig = None
+    # The top node's config key is the caller's (`instantiate(cfg["model"])`): it is named by its component.
+    top = path == name
+    prefix, node_words = ("", f"the node with _component_: {name}") if top else (f"{path}: ", path)
     if sig is not None:
         try:
             sig.bind(*args, **built)
@@ -54,23 +57,21 @@ def _call(node: dict, path: str, args: tuple, kwargs: dict) -> Any:
             if missing:
                 key = missing.group(1)
                 raise ConfigError(
-                    f"{path}.{key}: missing required argument {key!r} of {name} — add `{key}: VALUE` under {path}",
+                    f"{path}.{key}: missing required argument {key!r} of {name} — add `{key}: VALUE` under {node_words}",
                     field=f"{path}.{key}",
                 ) from None
             raise ConfigError(
-                f"{path}: {name} cannot take these arguments ({exc}) — remove or rename the offending key under {path}",
+                f"{prefix}{name} cannot take these arguments ({exc}) — remove or rename the offending key under"
+                f" {node_words}, or check that {name} is the right kind of component here",
                 field=path,
             ) from None
     try:
         return target(*args, **built)
     except (TypeError, ValueError) as exc:
-        if path == name:  # the top node: its config key is the caller's, name the node by its component
-            raise ConfigError(
-                f"{name}(...) refused its arguments: {exc} — fix that value in the node with _component_: {name}",
-                field=path,
-            ) from exc
         raise ConfigError(
-            f"{path}: {name}(...) refused its arguments: {exc} — fix the values under {path}", field=path
+            f"{prefix}{name}(...) refused its arguments: {exc} — fix "
+            + (f"that value in {node_words}" if top else f"the values under {path}"),
+            field=path,
         ) from exc
 
 

@@ -164,7 +164,13 @@ def _accepts(value: Any, ann: Any) -> bool | None:
             return True  # a str is a sequence; the callable decides whether that is meant
         return isinstance(value, list) and not (args and any(_accepts(v, args[0]) is False for v in value))
     if base in _MAPPINGS:
-        return isinstance(value, dict)
+        if not isinstance(value, dict):
+            return False
+        if len(args) == 2:  # dict[str, float]: every key and value
+            return not any(
+                _accepts(k, args[0]) is False or _accepts(v, args[1]) is False for k, v in value.items()
+            )
+        return True
     return None
 
 
