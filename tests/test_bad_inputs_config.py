@@ -452,3 +452,31 @@ def test_a_component_of_the_wrong_kind_is_named_once(tmp_path, monkeypatch, caps
     assert lines[0].endswith(
         "or check that engine.rl.toy_task.DigitTokenizer is the right kind of component here"
     )
+
+
+def _one_line_exit_2(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_tunebench_eval_bad_inputs_are_one_line(tunebench_home, tmp_path, capsys):
+    from engine.tracking import open_db
+    from engine.tracking.runs import create_run, update_run
+
+    with open_db() as db:
+        rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="done")
+        update_run(rec.id, db=db, status="completed", exit_code=0)
+    line = _one_line_exit_2(capsys, ["eval", "done", "--tasks", "arith_mc"])
+    assert line.startswith("tunebench: run done (completed) saved no checkpoint under ")  # was "wait for one"
+    line = _one_line_exit_2(
+        capsys, ["eval", "demo", "--tasks", "arith_mc", "--task-dir", str(tmp_path / "no")]
+    )
+    assert (
+        line
+        == f"tunebench: --task-dir {tmp_path / 'no'}: no such folder; give a folder of lm-eval task YAMLs"
+    )
+    line = _one_line_exit_2(capsys, ["eval", "demo", "--tasks", "arith_mc", "--device", "gpu"])
+    assert line.startswith("tunebench: device: expects cpu, cuda, cuda:N or auto, got str 'gpu'")  # alone now

@@ -115,6 +115,11 @@ def check_config(cfg: dict) -> dict:
     limit = out["limit"]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
         raise ConfigError(f"limit: {limit!r} must be a positive number or null", field="limit")
+    for folder in out["task_dirs"] or ():
+        if not Path(folder).expanduser().is_dir():
+            raise ConfigError(
+                f"task_dirs: {folder} is not a folder — give folders of lm-eval task YAMLs", field="task_dirs"
+            )
     if out["gen_kwargs"] is not None and not isinstance(out["gen_kwargs"], dict):
         raise ConfigError("gen_kwargs: must be a mapping such as {max_gen_toks: 64}", field="gen_kwargs")
     if out["dtype"] is not None and str(out["dtype"]).lower() not in ("fp32", "float32", "bf16", "bfloat16"):

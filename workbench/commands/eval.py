@@ -113,7 +113,16 @@ def resolve_target(spec: str, step: int | None) -> tuple[str | None, list[tuple[
         ) from None
     steps = checkpoint_steps(Path(rec.output_dir))
     if not steps:
-        raise UserError(f"run {rec.name}: no checkpoint under {rec.output_dir}/checkpoints yet; wait for one")
+        from engine.tracking.records import ACTIVE_STATUSES
+
+        if rec.status in ACTIVE_STATUSES:
+            raise UserError(
+                f"run {rec.name}: no checkpoint under {rec.output_dir}/checkpoints yet; wait for one"
+            )
+        raise UserError(
+            f"run {rec.name} ({rec.status}) saved no checkpoint under {rec.output_dir}/checkpoints; "
+            "evaluate a model folder instead, or train again with checkpoints (tunebench clone)"
+        )
     nf4 = trained_with_nf4_base(rec.config_text)
     if step is None:
         return rec.id, sorted(steps.items()), nf4
@@ -161,6 +170,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--max-gen-toks {args.max_gen_toks}: must be at least 1")
     if args.step is not None and args.all_checkpoints:
         raise UserError("--step and --all-checkpoints: choose one")
+    for folder in args.task_dir:
+        if not Path(folder).expanduser().is_dir():
+            raise UserError(f"--task-dir {folder}: no such folder; give a folder of lm-eval task YAMLs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.recipes.eval import EvalRecipe
 
     limit = int(args.limit) if args.limit is not None and float(args.limit).is_integer() else args.limit
-    out = []
+    jobs = []
     for step, folder in targets:
         cfg = {
             "model_dir": str(folder),
@@ -200,8 +212,11 @@ def run(args: argparse.Namespace) -> int:
             "run": run_id,
             "step": step,
         }
+        jobs.append((step, folder, EvalRecipe(cfg)))  # every config checked before anything is printed
+    out = []
+    for step, folder, recipe in jobs:
         print(f"evaluating {folder} (step {step}) on {', '.join(tasks)}", file=sys.stderr)
-        report = EvalRecipe(cfg).run()
+        report = recipe.run()
         out.append(
             {
                 "step": step,
