@@ -480,3 +480,40 @@ def test_tunebench_eval_bad_inputs_are_one_line(tunebench_home, tmp_path, capsys
     )
     line = _one_line_exit_2(capsys, ["eval", "demo", "--tasks", "arith_mc", "--device", "gpu"])
     assert line.startswith("tunebench: device: expects cpu, cuda, cuda:N or auto, got str 'gpu'")  # alone now
+
+
+def test_samples_longer_than_the_model_are_one_line(shared_assets, tmp_path, monkeypatch, capsys):
+    """Was `IndexError: index 16 is out of bounds` from the rotary table at the first step."""
+    cfg = _config("sft", tmp_path, {"model.max_seq_len": 16, "model.vocab_size": 49152})
+    cfg["tokenizer"]["path"] = str(shared_assets / "tokenizers" / "smollm2")
+    cfg["dataset"] |= {"source": str(shared_assets / "data" / "alpaca_data_cleaned_1000.json"),
+                       "template": "engine.data.AlpacaInstructTemplate", "cache": False}  # fmt: skip
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", _write(tmp_path, "sft", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0] == (
+        "sft: dataset.max_seq_len: samples are up to 48 tokens but the model's max_seq_len is 16 — set the "
+        "dataset's max_seq_len to 16 or less (or raise model.max_seq_len)"
+    )
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_source_whose_rows_are_all_bad_is_one_line_without_the_skip_warning(
+    shared_assets, tmp_path, caplog
+):
+    import json
+
+    from engine.data.builders import chat_dataset
+    from engine.data.errors import DataError
+    from engine.data.tokenizers import load_tokenizer
+
+    rows = tmp_path / "chats.jsonl"
+    bad = {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}
+    rows.write_text("\n".join(json.dumps(bad) for _ in range(3)) + "\n")
+    tok = load_tokenizer(path=str(shared_assets / "tokenizers" / "smollm2"))
+    with pytest.raises(DataError) as info:
+        chat_dataset(
+            tok, source=str(rows), skip_bad_rows=True, chat_format="engine.data.ChatMLFormat", cache=False
+        )
+    assert str(info.value).startswith(f"source '{rows}': no usable rows out of 3 (3 bad, 0 filtered)")
+    assert str(info.value).endswith("fix the rows, or the column_map/template/filter that rejects them")
+    assert "skipped" not in caplog.text  # the warning used to come first, a second line on stderr

@@ -202,6 +202,12 @@ def run_rows(
                 raise DataError(msg + " (or set skip_bad_rows: true to drop such rows)")
             report.skipped += 1
             report.first_problem = report.first_problem or msg
+    if not out:  # one line: the error alone, without the skip warning before it
+        why = f"; first problem: {report.first_problem}" if report.first_problem else ""
+        raise DataError(
+            f"source {source_label!r}: no usable rows out of {report.rows} ({report.skipped} bad, "
+            f"{report.filtered} filtered){why}; fix the rows, or the column_map/template/filter that rejects them"
+        )
     if report.skipped:
         log.warning(
             "engine.data: %s: skipped %d of %d rows (first: %s)",
@@ -209,12 +215,6 @@ def run_rows(
             report.skipped,
             report.rows,
             report.first_problem,
-        )
-    if not out:
-        why = f"; first problem: {report.first_problem}" if report.first_problem else ""
-        raise DataError(
-            f"source {source_label!r}: no usable rows out of {report.rows} ({report.skipped} bad, "
-            f"{report.filtered} filtered){why}"
         )
     return out, report
 

@@ -275,6 +275,28 @@ def check_vocab(model: nn.Module, tokenizer: Any, *, field: str = "model") -> No
         )
 
 
+def check_sequence_length(model: nn.Module, dataset: Any, *, field: str = "dataset") -> None:
+    """Refuse samples longer than the model's `max_seq_len` (its RoPE table), before the first step.
+
+    Without this, the first long batch dies in the rotary embedding with "index out of bounds".
+    Datasets without `lengths()` (or models without `max_seq_len`) are not checked.
+    Raises:
+        ConfigError: naming `<field>.max_seq_len`, the longest sample, the model's limit, what to set.
+    """
+    limit = getattr(model, "max_seq_len", None)
+    lengths = getattr(dataset, "lengths", None)  # a property on some datasets, a method on others
+    lengths = lengths() if callable(lengths) else lengths
+    if not isinstance(limit, int) or lengths is None or len(lengths) == 0:
+        return
+    longest = int(max(lengths))
+    if longest > limit:
+        raise ConfigError(
+            f"{field}.max_seq_len: samples are up to {longest} tokens but the model's max_seq_len is {limit} "
+            f"— set the dataset's max_seq_len to {limit} or less (or raise model.max_seq_len)",
+            field=f"{field}.max_seq_len",
+        )
+
+
 def check_output_dir(path: str | Path) -> None:
     """Refuse an `output_dir` that cannot be created or written, before anything is built.
 

@@ -31,6 +31,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_sequence_length,
     check_vocab,
     key_rules,
     parse_dtype,
@@ -149,6 +150,7 @@ class DPORecipe:
         from engine.data.collate import padded_collate_dpo
 
         dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
+        check_sequence_length(self.model, dataset)
         if len(dataset) and "chosen_tokens" not in dataset[0]:
             raise ConfigError(
                 "dataset: DPO needs preference pairs (chosen/rejected) — use preference_dataset, "

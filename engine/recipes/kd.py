@@ -30,6 +30,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_sequence_length,
     check_vocab,
     forward_replaced,
     key_rules,
@@ -145,6 +146,7 @@ class KDRecipe:
             self.tokenizer = instantiate(node)
         check_vocab(self.model, self.tokenizer)
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
+        check_sequence_length(self.model, dataset)
         if len(dataset) and "labels" not in dataset[0] and "document_ids" not in dataset[0]:
             raise ConfigError(
                 "dataset: distillation needs token/label samples (an SFT dataset)", field="dataset"

@@ -37,6 +37,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    check_sequence_length,
     check_vocab,
     forward_replaced,
     key_rules,
@@ -269,6 +270,7 @@ class SFTRecipe:
 
         cfg = self.cfg
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
+        check_sequence_length(self.model, dataset)
         self.source_names = list(getattr(dataset, "source_names", None) or [])
         val_cfg = cfg.get("validation") or None
         self.val_loader = None
@@ -278,6 +280,7 @@ class SFTRecipe:
             self.val_max_batches = val_cfg.get("max_batches")
             if val_cfg.get("dataset") is not None:
                 val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
+                check_sequence_length(self.model, val_set, field="validation.dataset")
             else:
                 dataset, val_set = _holdout(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
             self.val_loader = self._loader(val_set, shuffle=False)
