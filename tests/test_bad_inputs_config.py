@@ -517,3 +517,14 @@ def test_a_source_whose_rows_are_all_bad_is_one_line_without_the_skip_warning(
     assert str(info.value).startswith(f"source '{rows}': no usable rows out of 3 (3 bad, 0 filtered)")
     assert str(info.value).endswith("fix the rows, or the column_map/template/filter that rejects them")
     assert "skipped" not in caplog.text  # the warning used to come first, a second line on stderr
+
+
+def test_a_lora_adapter_folder_as_checkpoint_dir_says_what_it_is(tmp_path, monkeypatch, capsys):
+    adapters = tmp_path / "step_4" / "model"
+    adapters.mkdir(parents=True)
+    (adapters / "adapter_config.json").write_text('{"base_model_name_or_path": "/models/base"}')
+    cfg = _config("sft", tmp_path, {"checkpoint_dir": str(adapters)})
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", _write(tmp_path, "sft", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"sft: checkpoint_dir: {adapters} holds LoRA adapters (adapter_config.json)")
+    assert "point checkpoint_dir at the base model folder" in lines[0]

@@ -249,6 +249,13 @@ def resolve_model_dir(path: str | Path, *, field: str = "checkpoint_dir") -> Pat
 
         return Path(demo_model_dir())
     folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file() and (folder / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"{field}: {folder} holds LoRA adapters (adapter_config.json), not a full model — point {field} at "
+            "the base model folder (the adapters' base_model_name_or_path), or use `tunebench resume` to continue "
+            "training those adapters",
+            field=field,
+        )
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"{field}: {folder} is not a model folder (no config.json) — point it at a Hugging Face "
