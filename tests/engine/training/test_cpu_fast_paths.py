@@ -140,10 +140,15 @@ def test_when_the_fp32_path_is_chosen(monkeypatch):
     with pytest.raises(ConfigError, match="TUNEBENCH_CPU_BF16_MATMUL='fast': set it to auto, native or fp32"):
         wants_bf16_matmuls_in_fp32(cpu, BF16)
     monkeypatch.setenv("TUNEBENCH_CPU_BF16_MATMUL", "fp32")
+    kept = []  # the allocator setting is process-wide: recorded here, measured in a subprocess below
+    monkeypatch.setattr("engine.training.cpu_fast_paths.keep_freed_memory", lambda: kept.append(1))
     with cpu_fast_paths("cpu", BF16) as note:
         assert note == BF16_IN_FP32_NOTE
     with cpu_fast_paths("cpu", torch.float32) as note:
         assert note is None
+    with cpu_fast_paths("cuda", BF16) as note:
+        assert note is None
+    assert len(kept) == 2  # CPU runs only
 
 
 def test_keeping_freed_memory_removes_page_faults_of_reallocation():
