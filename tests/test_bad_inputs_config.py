@@ -65,6 +65,11 @@ def _write(tmp_path: Path, recipe: str, cfg: dict) -> Path:
 
 def _config(recipe: str, tmp_path: Path, change: dict) -> dict:
     cfg = copy.deepcopy(BASE[recipe]) | {"output_dir": str(tmp_path / "out")}
+    if recipe in ("sft", "kd"):  # paths that exist (the recipes check them before building anything)
+        (tmp_path / "tokenizer").mkdir(exist_ok=True)
+        (tmp_path / "rows.json").write_text("[]")
+        cfg["tokenizer"]["path"] = str(tmp_path / "tokenizer")
+        cfg["dataset"]["source"] = str(tmp_path / "rows.json")
     for key, value in change.items():
         node = cfg
         *parents, last = key.split(".")
@@ -528,3 +533,31 @@ def test_a_lora_adapter_folder_as_checkpoint_dir_says_what_it_is(tmp_path, monke
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"sft: checkpoint_dir: {adapters} holds LoRA adapters (adapter_config.json)")
     assert "point checkpoint_dir at the base model folder" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        ({"dataset.source": "{tmp}/typo.jsonl"}, "sft: dataset.source: {tmp}/typo.jsonl: no such file or folder"),
+        ({"dataset": [{"_component_": "engine.data.instruct_dataset", "source": "{tmp}/rows.json"},
+                      {"_component_": "engine.data.instruct_dataset", "source": "{tmp}/b.csv"}]},
+         "sft: dataset.1.source: {tmp}/b.csv: no such file or folder"),
+        ({"validation": {"dataset": {"_component_": "engine.data.instruct_dataset", "source": "./no/val.json"}}},
+         "sft: validation.dataset.source: ./no/val.json: no such file or folder"),
+        ({"tokenizer.path": "{tmp}/tok"}, "sft: tokenizer.path: {tmp}/tok: no such file or folder"),
+    ],
+)  # fmt: skip
+def test_missing_local_files_are_named_before_the_model_is_loaded(
+    change, line, tmp_path, monkeypatch, capsys
+):
+    """A typo'd dataset or tokenizer path used to surface only after the model was built and its
+    weights loaded (minutes for a large model); a Hub dataset name is left to the loader."""
+    import json
+
+    change = json.loads(json.dumps(change).replace("{tmp}", str(tmp_path)))
+    path = _write(tmp_path, "sft", _config("sft", tmp_path, change))
+    built = []
+    monkeypatch.setattr("engine.recipes.sft.SFTRecipe.setup", lambda self: built.append(1))
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)
+    assert code == 2 and len(lines) == 1 and not built, err
+    assert lines[0].startswith(line.replace("{tmp}", str(tmp_path))), lines[0]

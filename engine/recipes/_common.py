@@ -304,6 +304,59 @@ def check_sequence_length(model: nn.Module, dataset: Any, *, field: str = "datas
         )
 
 
+def _looks_local(source: str) -> bool:
+    """The data loader's rule: a path (`/`, `~`, `./`, `..`) or a data file name, not a Hub dataset name."""
+    from engine.data.sources import local_kind
+
+    return (
+        any(sep in source for sep in ("./", "/.", "\\"))
+        or source.startswith(("/", "~"))
+        or local_kind(Path(source)) is not None
+    )
+
+
+def _dataset_sources(node: Any, where: str):
+    """`(field, source)` of every local-looking `source:` in a dataset node, a list of them or a mix."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _dataset_sources(item, f"{where}.{i}")
+    elif isinstance(node, dict):
+        source = node.get("source")
+        if isinstance(source, str) and source.strip() and _looks_local(source):
+            yield f"{where}.source", source
+        if isinstance(node.get("datasets"), list):  # engine.data.mix
+            yield from _dataset_sources(node["datasets"], f"{where}.datasets")
+
+
+def check_local_paths(cfg: dict) -> None:
+    """Refuse a missing local file the run would only open later, before any model is built or loaded:
+    dataset sources (also of `validation.dataset` and mixes), `tokenizer.path`, `checkpoint_dir` and
+    `teacher_checkpoint_dir`. (Not in `validate`: built-in configs name models not downloaded yet.)
+
+    Raises:
+        ConfigError: naming the field and the path, and what to change.
+    """
+    for key in ("checkpoint_dir", "teacher_checkpoint_dir"):
+        if isinstance(cfg.get(key), str):
+            resolve_model_dir(cfg[key], field=key)
+    validation = cfg.get("validation")
+    nodes = [("dataset", cfg.get("dataset"))]
+    if isinstance(validation, dict):
+        nodes.append(("validation.dataset", validation.get("dataset")))
+    for where, node in nodes:
+        for field, source in _dataset_sources(node, where):
+            if not Path(source).expanduser().exists():
+                raise ConfigError(f"{field}: {source}: no such file or folder — check the path", field=field)
+    tokenizer = cfg.get("tokenizer")
+    path = tokenizer.get("path") if isinstance(tokenizer, dict) else None
+    if isinstance(path, str) and path != "demo" and not Path(path).expanduser().exists():
+        raise ConfigError(
+            f"tokenizer.path: {path}: no such file or folder — point it at the model folder that holds "
+            "tokenizer.json or tokenizer.model",
+            field="tokenizer.path",
+        )
+
+
 def check_output_dir(path: str | Path) -> None:
     """Refuse an `output_dir` that cannot be created or written, before anything is built.
 
@@ -360,6 +413,7 @@ def run_recipe_main(
         cfg = load_config(config_path, overrides)
         check_config(cfg)
         check_output_dir(cfg.get("output_dir") or f"./runs/{name}")
+        check_local_paths(cfg)
         recipe = recipe_cls(cfg, dist_info=init_distributed())
         recipe.setup()
         # CPU runs: keep freed buffers for the next step; bf16 matmuls in fp32 on CPUs without bf16 units
