@@ -496,7 +496,7 @@ def test_samples_longer_than_the_model_are_one_line(shared_assets, tmp_path, mon
     code, lines, err = run_recipe(monkeypatch, capsys, "sft", _write(tmp_path, "sft", cfg))
     assert code == 2 and len(lines) == 1, err
     assert lines[0] == (
-        "sft: dataset.max_seq_len: samples are up to 48 tokens but the model's max_seq_len is 16 — set the "
+        "sft: dataset.max_seq_len: samples are up to 48 tokens but model.max_seq_len is 16 — set the "
         "dataset's max_seq_len to 16 or less (or raise model.max_seq_len)"
     )
     assert not (tmp_path / "out" / "checkpoints").exists()
@@ -561,3 +561,16 @@ def test_missing_local_files_are_named_before_the_model_is_loaded(
     code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)
     assert code == 2 and len(lines) == 1 and not built, err
     assert lines[0].startswith(line.replace("{tmp}", str(tmp_path))), lines[0]
+
+
+def test_kd_samples_longer_than_the_teacher_name_the_teacher(shared_assets, tmp_path, monkeypatch, capsys):
+    cfg = _config("kd", tmp_path, {"model.vocab_size": 49152})
+    cfg["teacher_model"] = dict(cfg["model"], max_seq_len=16)
+    cfg["tokenizer"]["path"] = str(shared_assets / "tokenizers" / "smollm2")
+    cfg["dataset"] |= {"source": str(shared_assets / "data" / "alpaca_data_cleaned_1000.json"),
+                       "template": "engine.data.AlpacaInstructTemplate", "cache": False}  # fmt: skip
+    code, lines, err = run_recipe(monkeypatch, capsys, "kd", _write(tmp_path, "kd", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(
+        "kd: dataset.max_seq_len: samples are up to 48 tokens but teacher_model.max_seq_len"
+    )

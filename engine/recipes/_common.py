@@ -282,13 +282,16 @@ def check_vocab(model: nn.Module, tokenizer: Any, *, field: str = "model") -> No
         )
 
 
-def check_sequence_length(model: nn.Module, dataset: Any, *, field: str = "dataset") -> None:
+def check_sequence_length(
+    model: nn.Module, dataset: Any, *, field: str = "dataset", model_field: str = "model"
+) -> None:
     """Refuse samples longer than the model's `max_seq_len` (its RoPE table), before the first step.
 
     Without this, the first long batch dies in the rotary embedding with "index out of bounds".
     Datasets without `lengths()` (or models without `max_seq_len`) are not checked.
     Raises:
-        ConfigError: naming `<field>.max_seq_len`, the longest sample, the model's limit, what to set.
+        ConfigError: naming `<field>.max_seq_len`, the longest sample, the limit of `model_field`
+            (the config key of that model), what to set.
     """
     limit = getattr(model, "max_seq_len", None)
     lengths = getattr(dataset, "lengths", None)  # a property on some datasets, a method on others
@@ -298,8 +301,8 @@ def check_sequence_length(model: nn.Module, dataset: Any, *, field: str = "datas
     longest = int(max(lengths))
     if longest > limit:
         raise ConfigError(
-            f"{field}.max_seq_len: samples are up to {longest} tokens but the model's max_seq_len is {limit} "
-            f"— set the dataset's max_seq_len to {limit} or less (or raise model.max_seq_len)",
+            f"{field}.max_seq_len: samples are up to {longest} tokens but {model_field}.max_seq_len is {limit} "
+            f"— set the dataset's max_seq_len to {limit} or less (or raise {model_field}.max_seq_len)",
             field=f"{field}.max_seq_len",
         )
 

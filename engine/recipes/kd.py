@@ -147,6 +147,7 @@ class KDRecipe:
         check_vocab(self.model, self.tokenizer)
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
+        check_sequence_length(self.teacher, dataset, model_field="teacher_model")
         if len(dataset) and "labels" not in dataset[0] and "document_ids" not in dataset[0]:
             raise ConfigError(
                 "dataset: distillation needs token/label samples (an SFT dataset)", field="dataset"
