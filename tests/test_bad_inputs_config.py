@@ -128,6 +128,8 @@ CASES = [
     ("kd", {"seed": "abc"}, "seed: expects an integer, got str 'abc'"),
     ("grpo", {"group_size": "two"}, "group_size: expects an integer >= 1, got str 'two'"),
     ("grpo", {"rewards": ["x"]}, "rewards: expects a mapping or null, got list ['x']"),
+    ("grpo", {"rewards": {"x": 5}}, "rewards.x: expects a mapping with _component_, got int 5"),
+    ("grpo", {"minibatch_size": 5}, "minibatch_size: 5 does not divide batch_size * group_size = 32 — use a divisor"),
     ("grpo", {"reward_weights": {"correct": "high"}},
      "reward_weights: expects a mapping of reward name to number, or null, got dict {'correct': 'high'}"),
 ]  # fmt: skip
@@ -145,7 +147,11 @@ def test_recipe_refuses_a_bad_value_in_one_line(recipe, change, needle, tmp_path
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-@pytest.mark.parametrize(("recipe", "change", "needle"), CASES[:6] + CASES[-3:])
+# Everything but the minibatch_size case (which needs the group size the recipe works out) is static.
+VALIDATED = CASES[:6] + [c for c in CASES if c[0] != "sft" and "minibatch_size" not in c[1]]
+
+
+@pytest.mark.parametrize(("recipe", "change", "needle"), VALIDATED)
 def test_validate_finds_it_without_running(recipe, change, needle, tmp_path, capsys):
     path = _write(tmp_path, recipe, _config(recipe, tmp_path, change))
     capsys.readouterr()

@@ -321,6 +321,7 @@ class KeyRule:
         component: a `_component_` mapping (or, with `list` in `type`, a list of them).
         required: the key must be present (and not null).
         keys: for a plain mapping, the rules of its keys; other keys are reported unknown.
+        values: for a mapping of names to things (`rewards:`), the rule every value follows.
     """
 
     type: Any
@@ -333,6 +334,7 @@ class KeyRule:
     component: bool = False
     required: bool = False
     keys: dict[str, KeyRule] | None = field(default=None, hash=False)
+    values: KeyRule | None = None
 
     def wanted(self) -> str:
         """`an integer >= 1 or null`: what to write instead, in a YAML writer's words."""
@@ -432,6 +434,8 @@ def _check_key_types(
                         )
                     )
             _check_key_types(value, rule.keys, out, prefix + (key,))
+        if rule.values is not None and isinstance(value, dict) and why is None:
+            _check_key_types(value, {sub: rule.values for sub in value}, out, prefix + (key,))
 
 
 # ---- entry points ------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ TRAINING_KEY_RULES: dict[str, KeyRule] = {
     "top_k": _POSITIVE_OR_NULL,
     "top_p": KeyRule(float | None, above=0.0, maximum=1.0),
     "stop_tokens": KeyRule(list[int] | None),
-    "rewards": KeyRule(dict | None),
+    "rewards": KeyRule(dict | None, values=KeyRule(dict, component=True)),
     "reward_weights": KeyRule(dict[str, float] | None, expect="a mapping of reward name to number, or null"),
     "scale_rewards": KeyRule(bool),
     "ppo_epochs": _POSITIVE,

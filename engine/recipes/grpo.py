@@ -138,7 +138,8 @@ class GRPORecipe:
             raise ConfigError("temperature: GRPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
         if rows % self.minibatch_size:
             raise ConfigError(
-                f"minibatch_size: {self.minibatch_size} does not divide batch_size * group_size = {rows}",
+                f"minibatch_size: {self.minibatch_size} does not divide batch_size * group_size = {rows} "
+                f"— use a divisor of {rows}, or null for all {rows} in one step",
                 field="minibatch_size",
             )
         self.reward_nodes = dict(cfg.get("rewards") or {})
