@@ -580,3 +580,20 @@ def test_kd_samples_longer_than_the_teacher_name_the_teacher(shared_assets, tmp_
     assert lines[0].startswith(
         "kd: dataset.max_seq_len: samples are up to 48 tokens but teacher_model.max_seq_len"
     )
+
+
+def test_dpo_accumulation_longer_than_an_epoch_says_what_to_lower(
+    tmp_path, monkeypatch, capsys, shared_assets
+):
+    cfg = _config(
+        "dpo",
+        tmp_path,
+        {"gradient_accumulation_steps": 4, "model.vocab_size": 49152, "model.max_seq_len": 128},
+    )
+    cfg["tokenizer"]["path"] = str(shared_assets / "tokenizers" / "smollm2")
+    code, lines, err = run_recipe(monkeypatch, capsys, "dpo", _write(tmp_path, "dpo", cfg))
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0] == (
+        "dpo: gradient_accumulation_steps: 4 micro-batches exceed an epoch of 2 — lower it or the batch size, "
+        "or use more pairs"
+    )

@@ -169,7 +169,8 @@ class DPORecipe:
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
             raise ConfigError(
-                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
+                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)} "
+                "— lower it or the batch size, or use more pairs",
                 field="gradient_accumulation_steps",
             )
         if self.cfg.get("max_steps_per_epoch") is not None:
