@@ -351,7 +351,10 @@ def check_local_paths(cfg: dict) -> None:
             if not Path(source).expanduser().exists():
                 raise ConfigError(f"{field}: {source}: no such file or folder — check the path", field=field)
     tokenizer = cfg.get("tokenizer")
-    path = tokenizer.get("path") if isinstance(tokenizer, dict) else None
+    loads_files = isinstance(tokenizer, dict) and str(tokenizer.get("_component_", "")).endswith(
+        "load_tokenizer"
+    )
+    path = tokenizer.get("path") if loads_files else None
     if isinstance(path, str) and path != "demo" and not Path(path).expanduser().exists():
         raise ConfigError(
             f"tokenizer.path: {path}: no such file or folder — point it at the model folder that holds "
