@@ -402,7 +402,8 @@ def test_eval_output_dir_and_run_are_checked_before_scoring(tunebench_home, tmp_
     path.write_text(dump_config(EVAL | {"run": "no-such-run"}))
     assert eval_recipe.recipe_main(["--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("eval: ") and "Traceback" not in err[0], err
+    assert len(err) == 1 and err[0].startswith("eval: run: 'no-such-run' is not a tracker run ("), err
+    assert err[0].endswith("— set run to one from `tunebench runs`, or null")
 
 
 @pytest.mark.parametrize("override", ["dataset.0.source=x", "~dataset.0"])

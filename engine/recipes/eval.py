@@ -146,10 +146,17 @@ class EvalRecipe:
         if ref is None:
             return None
         from engine.tracking.db import open_db
+        from engine.tracking.errors import TrackerError
         from engine.tracking.readers import get_run
 
-        with open_db(create=False) as db:
-            return get_run(str(ref), db=db).id
+        try:
+            with open_db(create=False) as db:
+                return get_run(str(ref), db=db).id
+        except TrackerError as exc:  # no such run, or no tracker database at all
+            raise ConfigError(
+                f"run: {ref!r} is not a tracker run ({exc}) — set run to one from `tunebench runs`, or null",
+                field="run",
+            ) from None
 
     def run(self):
         from engine.eval import TunebenchLM, evaluate
