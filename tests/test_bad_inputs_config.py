@@ -598,3 +598,15 @@ def test_dpo_accumulation_longer_than_an_epoch_says_what_to_lower(
         "dpo: gradient_accumulation_steps: 4 micro-batches exceed an epoch of 2 — lower it or the batch size, "
         "or use more pairs"
     )
+
+
+def test_recipes_take_a_builtin_config_name_as_their_help_says(monkeypatch, capsys):
+    """`--config demo/smollm2_135m_lora` was 'no such config file' outside the repository's root."""
+    code, lines, err = run_recipe(
+        monkeypatch, capsys, "sft", Path("demo/smollm2_135m_lora"), "max_steps_per_epoch=0"
+    )
+    assert code == 2 and lines == [
+        "sft: max_steps_per_epoch: expects an integer >= 1 or null, got int 0 — change it to an integer >= 1 or null"
+    ], err
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", Path("demo/smollm2_135m_lorra"))
+    assert code == 2 and len(lines) == 1 and "(did you mean 'demo/smollm2_135m_lora'?)" in lines[0], err

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ConfigError, KeyRule, load_config
+from engine.config import ConfigError, KeyRule, find_config, load_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -416,7 +416,7 @@ def run_recipe_main(
     config_path, overrides = parse_recipe_args(argv, prog=f"python -m engine.recipes.{name}")
     code, recipe = 0, None
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(find_config(config_path), overrides)  # a path or a built-in name
         check_config(cfg)
         check_output_dir(cfg.get("output_dir") or f"./runs/{name}")
         check_local_paths(cfg)

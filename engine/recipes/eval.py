@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.config import ConfigError, KeyRule, load_config
+from engine.config import ConfigError, KeyRule, find_config, load_config
 from engine.recipes._common import TRAINING_KEY_RULES, check_output_dir, parse_recipe_args
 
 CONFIG_KEYS: dict[str, str] = {
@@ -220,7 +220,7 @@ def recipe_main(argv: list[str] | None = None) -> int:
     """Entry point: `--config FILE [overrides]`; prints one `task metric value` line per score."""
     config_path, overrides = parse_recipe_args(argv, prog="python -m engine.recipes.eval")
     try:
-        report = EvalRecipe(load_config(config_path, overrides)).run()
+        report = EvalRecipe(load_config(find_config(config_path), overrides)).run()
     except ConfigError as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 2
