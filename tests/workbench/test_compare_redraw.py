@@ -1,5 +1,5 @@
 """Redraw cost of the plots: downsampling keeps what the eye needs; a redraw that changes nothing
-does not run plotext again (counted on plotext's own `build`) while new data or a new size does;
+does not run plotext again (counted on plotext's `_build_matrix`) while new data or a new size does;
 Compare's other metrics are built by the plot's worker and match cold builds; the numpy fast path
 of plotext draws byte-identical figures."""
 
@@ -48,15 +48,16 @@ class PlotApp(App):
 
 
 def _count_builds(plot: MetricPlot) -> list[int]:
-    """Wrap plotext's `build` (the expensive call) with a counter."""
+    """Wrap plotext's `_build_matrix` (the expensive call: the figure drawn into its character
+    matrix, what both `build` and `figure_text` run) with a counter."""
     calls = [0]
-    build = plot.plt.build
+    build = plot.plt._build_matrix
 
     def counted():
         calls[0] += 1
         return build()
 
-    plot.plt.build = counted
+    plot.plt._build_matrix = counted
     return calls
 
 
@@ -156,7 +157,7 @@ async def test_compare_prepares_other_metrics_off_the_loop_and_switching_draws_n
             assert _lines(plot) == shown[metric], metric
 
 
-def _figure(curves: dict[str, tuple[list, list]], width: int, height: int, marker: str = "braille") -> str:
+def _plot(curves: dict[str, tuple[list, list]], width: int, height: int, marker: str, theme: str):
     from textual_plotext.plot import Plot
 
     plt = Plot()
@@ -164,43 +165,117 @@ def _figure(curves: dict[str, tuple[list, list]], width: int, height: int, marke
         plt.plot(xs, ys, label=label if len(curves) > 1 else None, marker=marker)
     plt.plotsize(width, height)
     plt._set_size(width, height)
-    return plt.build()
+    plt.theme(theme)
+    return plt
 
 
-def test_plotext_fast_path_draws_the_same_figures_as_plotext():
-    """The numpy get_lines/brush/hd_group give byte-identical plotext output to plotext's own."""
-    import plotext._utility as ut
+def _same_text(a, b) -> bool:
+    """Rich texts equal in characters, styled spans (start, end, style) and text attributes."""
+    attrs = ("end", "tab_size", "style", "justify", "overflow", "no_wrap")
+    return (
+        a.plain == b.plain
+        and a.spans == b.spans
+        and [getattr(a, k) for k in attrs] == [getattr(b, k) for k in attrs]
+    )
 
-    from workbench.widgets.metric_plot import FAST_PATH, install_plotext_fast_path
 
-    assert install_plotext_fast_path()
-    fast = {name: getattr(ut, name) for name in FAST_PATH}
-    assert all(fast[name] is not ut.tunebench_originals[name] for name in FAST_PATH)
+def _figure_cases():
     rng = random.Random(3)
     steps = list(range(1, 4_001))
     noisy = {f"run-{r}": downsample(steps, [2000 + 50 * rng.random() for _ in steps], 200) for r in range(4)}
     smooth = {f"run-{r}": downsample(steps, [r + math.exp(-i / 900) for i in steps], 200) for r in range(3)}
-    cases = [
-        (noisy, 100, 20, "braille"),
-        (noisy, 37, 41, "braille"),
-        (smooth, 100, 20, "braille"),
-        ({"one": ([1.0], [2.0])}, 40, 10, "braille"),
-        ({"flat": ([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])}, 40, 10, "braille"),
-        ({"gap": ([1.0, 2.0, 3.0, 4.0], [1.0, float("nan"), 3.0, 2.0])}, 40, 10, "braille"),
-        (smooth, 60, 15, "dot"),  # not braille: hd_group is not used, get_lines/brush still are
-        (noisy, 60, 15, "hd"),  # 2 x 2 blocks: hd_group falls back to plotext's own
+    # 5 runs of 50,000 noisy steps each, as Compare's tokens/s: bands over the whole height
+    big = list(range(1, 50_001))
+    bands = {f"run-{r}": downsample(big, [1 + rng.random() for _ in big], 316) for r in range(5)}
+    apart = {f"run-{r}": downsample(big, [r + rng.random() for _ in big], 240) for r in range(3)}
+    return [
+        (bands, 158, 18, "braille", "dark"),
+        (bands, 158, 40, "braille", "clear"),
+        (apart, 120, 30, "braille", "pro"),
+        (noisy, 100, 20, "braille", "default"),
+        (noisy, 37, 41, "braille", "matrix"),
+        (noisy, 8, 4, "braille", "dark"),
+        (smooth, 100, 20, "braille", "dark"),
+        (smooth, 61, 13, "braille", "clear"),
+        ({"one": ([1.0], [2.0])}, 40, 10, "braille", "dark"),
+        ({"flat": ([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])}, 40, 10, "braille", "dark"),
+        ({"gap": ([1.0, 2.0, 3.0, 4.0], [1.0, float("nan"), 3.0, 2.0])}, 40, 10, "braille", "dark"),
+        ({"ints": ([1, 2, 3, 4], [3, 1, 4, 1])}, 40, 10, "braille", "default"),
+        (smooth, 60, 15, "dot", "dark"),  # not braille: hd_group is not used, the rest is
+        (noisy, 60, 15, "hd", "clear"),  # 2 x 2 blocks: hd_group falls back to plotext's own
     ]
+
+
+def test_plotext_fast_path_draws_the_same_figures_as_plotext():
+    """With the fast path plotext prints byte-identical figures to its own code's, and
+    `figure_text` (Rich text read from the figure's matrices) equals Rich parsing plotext's ANSI
+    output: the same characters and the same styled spans. Noisy bands, smooth curves, one point,
+    a flat line, a gap, integer data, other markers; several sizes and plotext themes."""
+    import plotext._matrix as mx
+    import plotext._utility as ut
+    from rich.text import Text
+
+    from workbench.widgets.metric_plot import (
+        FAST_MATRIX,
+        FAST_PATH,
+        figure_text,
+        install_plotext_fast_path,
+        use_plotext_fast_path,
+    )
+
+    assert install_plotext_fast_path()
+    fast = [getattr(ut, name) for name in FAST_PATH] + [getattr(mx.matrix_class, n) for n in FAST_MATRIX]
     try:
-        for curves, width, height, marker in cases:
-            for name in FAST_PATH:
-                setattr(ut, name, ut.tunebench_originals[name])
-            expected = _figure(curves, width, height, marker)
-            for name in FAST_PATH:
-                setattr(ut, name, fast[name])
-            assert _figure(curves, width, height, marker) == expected, (width, height, marker)
+        for curves, width, height, marker, theme in _figure_cases():
+            use_plotext_fast_path(False)
+            original = [getattr(ut, name) for name in FAST_PATH] + [
+                getattr(mx.matrix_class, n) for n in FAST_MATRIX
+            ]
+            assert all(a is not b for a, b in zip(original, fast)), "the originals are back"
+            expected = _plot(curves, width, height, marker, theme).build()
+            use_plotext_fast_path(True)
+            case = (width, height, marker, theme)
+            assert _plot(curves, width, height, marker, theme).build() == expected, case
+            text = figure_text(_plot(curves, width, height, marker, theme))
+            assert _same_text(text, Text.from_ansi(expected)), case
     finally:
-        for name in FAST_PATH:
-            setattr(ut, name, fast[name])
+        use_plotext_fast_path(True)
+
+
+@pytest.mark.parametrize("app_theme", ["textual-dark", "textual-light", "ansi-dark"])
+async def test_metric_plot_lines_equal_plotext_drawn_the_slow_way(app_theme, monkeypatch):
+    """What the plot paints (Textual's lines: characters and styles) is the same with the fast
+    path and `figure_text` as with plotext's own code and Rich parsing its ANSI output, for the
+    app's dark, light and ANSI-only themes, noisy and smooth curves."""
+    from rich.text import Text
+
+    from workbench.widgets import metric_plot
+
+    rng = random.Random(4)
+    steps = list(range(1, 20_001))
+    noisy = {f"r{r}": (steps, [1 + rng.random() for _ in steps]) for r in range(5)}
+    smooth = {f"r{r}": (steps, [r + 1 / (1 + i) for i in steps]) for r in range(3)}
+    app = PlotApp()
+    app.theme = app_theme
+    async with app.run_test(size=(110, 30)) as pilot:
+        plot = app.query_one(MetricPlot)
+        for series in (noisy, smooth):
+            plot.set_series(series)
+            plot.forget()
+            await pilot.pause()
+            region = Region(0, 0, *plot.outer_size)
+            fast = [list(strip) for strip in plot.render_lines(region)]
+            metric_plot.use_plotext_fast_path(False)
+            monkeypatch.setattr(metric_plot, "figure_text", lambda plt: Text.from_ansi(plt.build()))
+            try:
+                plot.forget()
+                slow = [list(strip) for strip in plot.render_lines(region)]
+            finally:
+                metric_plot.use_plotext_fast_path(True)
+                monkeypatch.undo()
+            assert fast == slow
+            drawn = "".join(seg.text for line in fast for seg in line)
+            assert ("⣿" in drawn) == (series is noisy), "noisy bands fill whole cells, smooth curves do not"
 
 
 async def test_closing_compare_while_the_plot_worker_builds_ends_it_cleanly(tunebench_home):
