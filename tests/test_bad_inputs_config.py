@@ -610,3 +610,21 @@ def test_recipes_take_a_builtin_config_name_as_their_help_says(monkeypatch, caps
     ], err
     code, lines, err = run_recipe(monkeypatch, capsys, "sft", Path("demo/smollm2_135m_lorra"))
     assert code == 2 and len(lines) == 1 and "(did you mean 'demo/smollm2_135m_lora'?)" in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("text", "tail"),
+    [
+        ("seed: 0\nmodel:\n\t_component_: x\n",
+         ":3:1: malformed YAML: found character '\\t' that cannot start any token — indent with spaces: YAML does not "
+         "allow tabs"),
+        ('seed: "abc\nepochs: 1\n',
+         ":3:1: malformed YAML: found unexpected end of stream (while scanning a quoted scalar that starts at line 1, "
+         "column 7) — close the quote opened at line 1, column 7"),  # was only 'end of stream' at 3:1
+    ],
+)  # fmt: skip
+def test_malformed_yaml_points_at_what_to_fix(text, tail, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)
+    assert code == 2 and lines == [f"sft: {path}{tail}"], err

@@ -89,6 +89,14 @@ _Dumper.add_representer(tuple, lambda d, v: d.represent_list(list(v)))
 _Dumper.add_multi_representer(os.PathLike, lambda d, v: d.represent_str(os.fspath(v)))
 
 
+# What was left open when the parser gives up at the end of it: the hint names it.
+_OPENERS = {
+    "while scanning a quoted scalar": "quote",
+    "while parsing a flow sequence": "[ bracket",
+    "while parsing a flow mapping": "{ brace",
+}
+
+
 def parse_yaml(text: str, *, source: str = "<string>") -> Any:
     """Parse YAML text with the config loader.
 
@@ -100,9 +108,16 @@ def parse_yaml(text: str, *, source: str = "<string>") -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         what = exc.problem or exc.context or "cannot parse"
-        raise ConfigError(
-            f"{where}: malformed YAML: {what} — fix the YAML at that line and column", field=where
-        ) from None
+        start = exc.context_mark
+        if exc.problem and exc.context and start is not None and mark is not None and start.line != mark.line:
+            # Where the unclosed thing began is what to fix: `seed: "abc` fails only at the end of the file.
+            what += f" ({exc.context} that starts at line {start.line + 1}, column {start.column + 1})"
+        hint = "fix the YAML at that line and column"
+        if "'\\t'" in what:
+            hint = "indent with spaces: YAML does not allow tabs"
+        elif start is not None and exc.context in _OPENERS:
+            hint = f"close the {_OPENERS[exc.context]} opened at line {start.line + 1}, column {start.column + 1}"
+        raise ConfigError(f"{where}: malformed YAML: {what} — {hint}", field=where) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: malformed YAML: {exc} — fix the YAML syntax", field=source) from None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
