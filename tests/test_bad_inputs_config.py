@@ -628,3 +628,23 @@ def test_malformed_yaml_points_at_what_to_fix(text, tail, tmp_path, monkeypatch,
     path.write_text(text)
     code, lines, err = run_recipe(monkeypatch, capsys, "sft", path)
     assert code == 2 and lines == [f"sft: {path}{tail}"], err
+
+
+@pytest.mark.parametrize(
+    ("recipe", "argv", "line"),
+    [
+        ("grpo", ["--nproc", "2"], "tunebench: --nproc 2: the grpo recipe runs on at most 1 process(es); use --nproc 1"),
+        ("sft", ["--nproc", "3", "tensor_parallel_dim=2"],
+         "tunebench: --nproc 3: tensor_parallel_dim 2 must divide it; use a multiple of 2, or tensor_parallel_dim=1"),
+    ],
+)  # fmt: skip
+def test_a_process_count_the_recipe_cannot_use_registers_nothing(
+    recipe, argv, line, tunebench_home, tmp_path, capsys
+):
+    """Both used to start torchrun, register a run and fail it from inside every rank."""
+    path = _write(tmp_path, recipe, _config(recipe, tmp_path, {}))
+    capsys.readouterr()
+    assert main(["run", recipe, "--config", str(path), *argv, "--detach"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    runs = tunebench_home / "runs"
+    assert not runs.exists() or not list(runs.iterdir())

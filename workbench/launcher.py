@@ -87,6 +87,8 @@ def create_run(
                 else ""
             )
             raise ConfigError(f"{source}: " + "; ".join(str(p) for p in problems[:3]) + more, field=source)
+        if module is None:
+            _check_nproc(recipe, nproc, cfg)
     text = dump_config(
         cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
     )
@@ -111,6 +113,23 @@ def create_run(
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
+    """Refuse a process count the recipe cannot use, before a run is registered: more than its
+    `MAX_NPROC` (one-process recipes), or one that `tensor_parallel_dim` does not divide."""
+    import importlib
+
+    most = getattr(importlib.import_module(f"engine.recipes.{recipe}"), "MAX_NPROC", None)
+    if isinstance(most, int) and nproc > most:
+        raise UserError(
+            f"--nproc {nproc}: the {recipe} recipe runs on at most {most} process(es); use --nproc {most}"
+        )
+    tp = cfg.get("tensor_parallel_dim", 1)
+    if isinstance(tp, int) and tp > 1 and nproc % tp:
+        raise UserError(
+            f"--nproc {nproc}: tensor_parallel_dim {tp} must divide it; use a multiple of {tp}, or tensor_parallel_dim=1"
+        )
 
 
 def _model_label(cfg: dict) -> str | None:

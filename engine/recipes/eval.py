@@ -73,6 +73,8 @@ CONFIG_TYPES: dict[str, KeyRule] = {
     "resume": KeyRule(bool | str | None),
 }
 
+MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
+
 DEFAULTS = {
     "limit": None,
     "num_fewshot": None,

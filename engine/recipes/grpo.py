@@ -80,6 +80,7 @@ CONFIG_KEYS: dict[str, str] = {
     "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
 }
 CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
 CALL_SITE_ARGS = {"completions", "answers", "prompts"}
 
 

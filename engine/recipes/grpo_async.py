@@ -48,6 +48,7 @@ CONFIG_KEYS: dict[str, str] = {
     "buffer_capacity": "rollouts the replay buffer holds at most (oldest dropped first)",
 }
 CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
 
 
 class AsyncGRPORecipe(GRPORecipe):

@@ -70,6 +70,7 @@ CONFIG_KEYS: dict[str, str] = {
     "allowed_components": "extra module prefixes allowed in _component_",
 }
 CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
 
 
 class KDRecipe:
