@@ -305,3 +305,49 @@ async def test_closing_compare_while_the_plot_worker_builds_ends_it_cleanly(tune
             WorkerState.SUCCESS,
         )  # not ERROR
         assert not isinstance(app.screen, CompareScreen)
+
+
+def test_fast_canvas_coordinates_equal_plotext_on_ties_and_random_values():
+    """The numpy `get_matrix_data` gives plotext's own coordinates, also for values that land on
+    plotext's 8-digit rounding ties (x.5e-8) and for random values over several limits and widths;
+    other inputs (integers, NaN, equal limits) go to plotext's code."""
+    import plotext._utility as ut
+
+    from workbench.widgets.metric_plot import install_plotext_fast_path, use_plotext_fast_path
+
+    assert install_plotext_fast_path()
+    fast = ut.get_matrix_data
+    use_plotext_fast_path(False)
+    original = ut.get_matrix_data
+    use_plotext_fast_path(True)
+    assert fast is not original
+    rng = random.Random(5)
+    cases = []
+    for bins in (2, 3, 17, 316, 1001):
+        for lo, hi in ((0.0, 1.0), (-3.5, 7.25), (1999.9, 2050.3), (1e-9, 3e-9)):
+            values = [lo + (hi - lo) * rng.random() for _ in range(2_000)] + [lo, hi]
+            # ties: 0.5 + (bins - 1) * t = k + (j + 0.5) * 1e-8 near cell edges k (j = -0.5: on k)
+            for k in range(bins):
+                for j in (-1, -0.5, 0, 1):
+                    t = (k - 0.5 + (j + 0.5) * 1e-8) / (bins - 1)
+                    values.append(lo + (hi - lo) * t)
+            cases.append((values, [lo, hi], bins))
+    cases += [
+        ([1, 2, 3], [1, 3], 10),
+        ([1.0, float("nan"), 2.0], [1.0, 2.0], 10),
+        ([2.0, 2.0], [2.0, 2.0], 5),
+    ]
+    ties = 0
+    for values, lim, bins in cases:
+        try:
+            expected = original(values, lim, bins)
+        except ZeroDivisionError:
+            with pytest.raises(ZeroDivisionError):
+                fast(values, lim, bins)
+            continue
+        got = fast(values, lim, bins)
+        assert [str(v) for v in got] == [str(v) for v in expected], (lim, bins)
+        ties += sum(
+            abs((0.5 + (bins - 1) * (v - lim[0]) / (lim[1] - lim[0])) * 10**8 % 1 - 0.5) == 0 for v in values
+        )
+    assert ties > 0, "some values fall exactly on a rounding tie"
