@@ -648,3 +648,19 @@ def test_a_process_count_the_recipe_cannot_use_registers_nothing(
     assert capsys.readouterr().err.strip().splitlines() == [line]
     runs = tunebench_home / "runs"
     assert not runs.exists() or not list(runs.iterdir())
+
+
+def test_output_piped_into_a_closed_reader_is_not_a_traceback(tmp_path):
+    """`tunebench ls | head -1` printed a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TUNEBENCH_HOME=str(tmp_path / "home"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", "ls"],
+        cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err

@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tunebench runs | head`: the reader has what it wanted; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail too
+        return 0
     except Exception as exc:  # config errors come from the engine, which does not import workbench
         from engine.config import ConfigError
 
