@@ -368,7 +368,10 @@ def install_plotext_fast_path() -> bool:
             return False
         for owner, name, make in slots:
             original = getattr(owner, name)
-            _SWAPPED[(owner, name)] = (original, make(original))
+            original = getattr(original, "tunebench_original", original)  # swapped by an earlier import
+            fast = make(original)
+            fast.tunebench_original = original
+            _SWAPPED[(owner, name)] = (original, fast)
     use_plotext_fast_path(True)
     return True
 
