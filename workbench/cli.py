@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             from workbench.app import run_app
 
             return run_app() or 0
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below rather than at interpreter exit
+        return code
     except UserError as exc:
         print(f"tunebench: {exc}", file=sys.stderr)
         return 2
