@@ -340,7 +340,7 @@ def check_local_paths(cfg: dict) -> None:
         ConfigError: naming the field and the path, and what to change.
     """
     for key in ("checkpoint_dir", "teacher_checkpoint_dir"):
-        if isinstance(cfg.get(key), str):
+        if isinstance(cfg.get(key), str) and cfg[key] != "demo":  # demo: made on first use, by the recipe
             resolve_model_dir(cfg[key], field=key)
     validation = cfg.get("validation")
     nodes = [("dataset", cfg.get("dataset"))]
