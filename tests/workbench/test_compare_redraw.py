@@ -158,11 +158,14 @@ async def test_compare_prepares_other_metrics_off_the_loop_and_switching_draws_n
 
 
 def _plot(curves: dict[str, tuple[list, list]], width: int, height: int, marker: str, theme: str):
+    """A plotext figure of `curves`; a marker "braille+fillx" / "braille+filly" also fills."""
     from textual_plotext.plot import Plot
 
     plt = Plot()
+    marker, _, fill = marker.partition("+")
+    fills = {"fillx": {"fillx": True}, "filly": {"filly": True}}.get(fill, {})
     for label, (xs, ys) in curves.items():
-        plt.plot(xs, ys, label=label if len(curves) > 1 else None, marker=marker)
+        plt.plot(xs, ys, label=label if len(curves) > 1 else None, marker=marker, **fills)
     plt.plotsize(width, height)
     plt._set_size(width, height)
     plt.theme(theme)
@@ -188,6 +191,7 @@ def _figure_cases():
     big = list(range(1, 50_001))
     bands = {f"run-{r}": downsample(big, [1 + rng.random() for _ in big], 316) for r in range(5)}
     apart = {f"run-{r}": downsample(big, [r + rng.random() for _ in big], 240) for r in range(3)}
+    few = {f"run-{r}": downsample(steps, [r + rng.random() for _ in steps], 24) for r in range(2)}
     return [
         (bands, 158, 18, "braille", "dark"),
         (bands, 158, 40, "braille", "clear"),
@@ -203,6 +207,8 @@ def _figure_cases():
         ({"ints": ([1, 2, 3, 4], [3, 1, 4, 1])}, 40, 10, "braille", "default"),
         (smooth, 60, 15, "dot", "dark"),  # not braille: hd_group is not used, the rest is
         (noisy, 60, 15, "hd", "clear"),  # 2 x 2 blocks: hd_group falls back to plotext's own
+        (few, 30, 10, "braille+fillx", "dark"),  # filled to the axis: plotext's fill_data in between
+        (few, 30, 10, "braille+filly", "clear"),
     ]
 
 
