@@ -664,3 +664,16 @@ def test_output_piped_into_a_closed_reader_is_not_a_traceback(tmp_path):
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
+
+
+def test_eval_model_dir_that_does_not_exist_names_the_field(tmp_path, capsys):
+    from engine.recipes import eval as eval_recipe
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(dump_config(EVAL | {"model_dir": str(tmp_path / "gone")}))
+    capsys.readouterr()
+    assert eval_recipe.recipe_main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"eval: model_dir: {tmp_path / 'gone'} is not a model folder (no such folder) — point it at a Hugging Face"
+        " model folder, a run's checkpoints/step_<N>/model, or demo"
+    ]

@@ -141,7 +141,14 @@ class EvalRecipe:
             from engine.models.demo import demo_model_dir
 
             return Path(demo_model_dir())
-        return Path(spec).expanduser()
+        folder = Path(spec).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(
+                f"model_dir: {folder} is not a model folder (no such folder) — point it at a Hugging Face model folder, a run's "
+                "checkpoints/step_<N>/model, or demo",
+                field="model_dir",
+            )
+        return folder
 
     def _run_id(self) -> str | None:
         ref = self.cfg["run"] or os.environ.get("TUNEBENCH_RUN_ID") or None
