@@ -162,10 +162,15 @@ def _plot(curves: dict[str, tuple[list, list]], width: int, height: int, marker:
     from textual_plotext.plot import Plot
 
     plt = Plot()
-    marker, _, fill = marker.partition("+")
-    fills = {"fillx": {"fillx": True}, "filly": {"filly": True}}.get(fill, {})
+    marker, _, extra = marker.partition("+")
+    fills = {"fillx": {"fillx": True}, "filly": {"filly": True}}.get(extra, {})
     for label, (xs, ys) in curves.items():
         plt.plot(xs, ys, label=label if len(curves) > 1 else None, marker=marker, **fills)
+    if extra == "grid":  # tick positions pass through the same coordinate mapping and are flattened
+        xs, ys = next(iter(curves.values()))
+        plt.grid(True, True)
+        plt.vline(xs[len(xs) // 2])
+        plt.hline(min(ys))
     plt.plotsize(width, height)
     plt._set_size(width, height)
     plt.theme(theme)
@@ -209,6 +214,7 @@ def _figure_cases():
         (noisy, 60, 15, "hd", "clear"),  # 2 x 2 blocks: hd_group falls back to plotext's own
         (few, 30, 10, "braille+fillx", "dark"),  # filled to the axis: plotext's fill_data in between
         (few, 30, 10, "braille+filly", "clear"),
+        (noisy, 70, 20, "braille+grid", "dark"),  # grid, a vertical and a horizontal line
     ]
 
 
@@ -216,7 +222,8 @@ def test_plotext_fast_path_draws_the_same_figures_as_plotext():
     """With the fast path plotext prints byte-identical figures to its own code's, and
     `figure_text` (Rich text read from the figure's matrices) equals Rich parsing plotext's ANSI
     output: the same characters and the same styled spans. Noisy bands, smooth curves, one point,
-    a flat line, a gap, integer data, other markers; several sizes and plotext themes."""
+    a flat line, a gap, integer data, other markers, filled curves, a grid with extra lines; several
+    sizes and plotext themes."""
     import plotext._matrix as mx
     import plotext._utility as ut
     from rich.text import Text

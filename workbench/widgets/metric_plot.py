@@ -112,8 +112,8 @@ def _arrays(x: Sequence, y: Sequence):
     ax, ay = _array_of(x), _array_of(y)
     if ax is None or ay is None or len(ax) != len(ay):
         return None
-    distinct = type(x) is _Pixels and type(y) is _Pixels and x.token is not None and x.token is y.token
-    return ax, ay, distinct and x.distinct
+    distinct = type(x) is _Pixels and type(y) is _Pixels and x.token is y.token and x.distinct
+    return ax, ay, distinct
 
 
 def _matrix_data_numpy(original):
@@ -139,10 +139,9 @@ def _matrix_data_numpy(original):
         n = (0.5 + (bins - 1) * (values - lim[0]) / (lim[1] - lim[0])) * 10**8  # plotext's round(n, 8)
         f = np.floor(n)
         rounded = np.where(n - f < 0.5, f, np.ceil(n)) * 10 ** (-8)
-        coords = np.floor(rounded).astype(np.int64)
-        out = _Pixels(coords.tolist())
-        out.array, out.token, out.distinct = coords, None, False
-        return out
+        # a plain list: plotext also maps tick and line positions here and flattens those with a
+        # `type(row) == list` test that a list subclass fails
+        return np.floor(rounded).astype(np.int64).tolist()
 
     return get_matrix_data
 
