@@ -258,9 +258,11 @@ def test_plotext_fast_path_draws_the_same_figures_as_plotext():
 @pytest.mark.parametrize("app_theme", ["textual-dark", "textual-light", "ansi-dark"])
 async def test_metric_plot_lines_equal_plotext_drawn_the_slow_way(app_theme, monkeypatch):
     """What the plot paints (Textual's lines: characters and styles) is the same with the fast
-    path and `figure_text` as with plotext's own code and Rich parsing its ANSI output, for the
-    app's dark, light and ANSI-only themes, noisy and smooth curves."""
+    path, `figure_text` and `content_from_text` as with plotext's own code, Rich parsing its ANSI
+    output and Textual's `Content.from_rich_text`, for the app's dark, light and ANSI-only themes,
+    noisy and smooth curves."""
     from rich.text import Text
+    from textual.content import Content
 
     from workbench.widgets import metric_plot
 
@@ -280,6 +282,11 @@ async def test_metric_plot_lines_equal_plotext_drawn_the_slow_way(app_theme, mon
             fast = [list(strip) for strip in plot.render_lines(region)]
             metric_plot.use_plotext_fast_path(False)
             monkeypatch.setattr(metric_plot, "figure_text", lambda plt: Text.from_ansi(plt.build()))
+            monkeypatch.setattr(
+                metric_plot,
+                "content_from_text",
+                lambda text, console, _: Content.from_rich_text(text, console),
+            )
             try:
                 plot.forget()
                 slow = [list(strip) for strip in plot.render_lines(region)]
@@ -364,3 +371,28 @@ def test_fast_canvas_coordinates_equal_plotext_on_ties_and_random_values():
             abs((0.5 + (bins - 1) * (v - lim[0]) / (lim[1] - lim[0])) * 10**8 % 1 - 0.5) == 0 for v in values
         )
     assert ties > 0, "some values fall exactly on a rounding tie"
+
+
+async def test_content_from_text_equals_textual_conversion_for_plotext_themes():
+    """`content_from_text` gives Textual's own `Content.from_rich_text` result (characters and
+    styled spans) for figures in plotext's themes, whose 16-colour codes go through the app's
+    ANSI theme, in a dark and a light app."""
+    from textual.content import Content
+
+    from workbench.widgets.metric_plot import content_from_text, figure_text
+
+    rng = random.Random(6)
+    steps = list(range(1, 3_001))
+    noisy = {f"run-{r}": downsample(steps, [r + rng.random() for _ in steps], 160) for r in range(3)}
+    for app_theme in ("textual-dark", "textual-light"):
+        app = PlotApp()
+        app.theme = app_theme
+        async with app.run_test(size=(90, 24)):
+            converted = 0
+            for theme in ("default", "clear", "pro", "matrix", "dark", "retro"):
+                text = figure_text(_plot(noisy, 80, 16, "braille", theme))
+                fast = content_from_text(text, app.console, app.ansi_theme)
+                slow = Content.from_rich_text(text, console=app.console)
+                assert fast.plain == slow.plain and list(fast.spans) == list(slow.spans), (app_theme, theme)
+                converted += len(slow.spans)
+            assert converted > 100

@@ -458,6 +458,27 @@ def figure_text(plt: Plot) -> Text:
     return text
 
 
+def content_from_text(text: Text, console: Any, ansi_theme: Any) -> Content:
+    """What `Content.from_rich_text(text, console)` returns in an app whose ANSI theme is
+    `ansi_theme`, converting each distinct Rich style to a Textual one once instead of once per
+    span (a noisy figure has hundreds of colour runs and a handful of colours). Texts with a base
+    style go to Textual's own conversion."""
+    from textual.content import Span
+    from textual.style import Style
+
+    if text.style:
+        return Content.from_rich_text(text, console=console)
+    styles: dict[Any, Style] = {}
+    spans = []
+    for start, end, style in text.spans:
+        converted = styles.get(style)
+        if converted is None:
+            rich_style = console.get_style(style) if isinstance(style, str) else style
+            converted = styles[style] = Style.from_rich_style(rich_style, ansi_theme)
+        spans.append(Span(start, end, converted))
+    return Content(text.plain, spans)
+
+
 def _identity(series: dict[str, Curve]) -> tuple:
     """What identifies a set of curves for the caches: labels, the objects and their lengths."""
     return tuple((label, id(xs), id(ys), len(xs), len(ys)) for label, (xs, ys) in series.items())
@@ -548,7 +569,7 @@ class MetricPlot(PlotextPlot):
         return (_identity(series), self.title, *size, theme, app_theme)
 
     def _keep(self, key: tuple, series: dict[str, Curve], text: Text) -> Content:
-        frame = Content.from_rich_text(text, console=self.app.console)
+        frame = content_from_text(text, self.app.console, self.app.ansi_theme)
         self._frames[key] = [series, frame, None, None]
         while len(self._frames) > self.FRAMES_KEPT:
             self._frames.popitem(last=False)
