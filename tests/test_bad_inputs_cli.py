@@ -217,3 +217,8 @@ def test_model_sizes_that_cannot_build_a_model_are_one_config_error(override, ne
     with pytest.raises(ConfigError) as info:
         instantiate({**node, **override})
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_tracker_database_that_is_a_folder_is_one_line(tunebench_home, capsys):
+    (tunebench_home / "tunebench.db").mkdir(parents=True)
+    _one_line_exit_2(capsys, ["runs"], "tunebench.db is not a file", "move it aside")

@@ -44,15 +44,20 @@ def connect(home: Path | None = None, *, create: bool = True) -> sqlite3.Connect
     made by a newer tunebench or is not a tunebench database.
     """
     path = db_path(home)
+    if path.exists() and not path.is_file():
+        raise TrackerError(f"{path} is not a file: move it aside (or set TUNEBENCH_HOME to another folder)")
     if not path.exists():
         if not create:
             raise TrackerError(f"{path} does not exist: start a run first (tunebench run ...)")
         ensure_private_dir(path.parent)
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         os.close(fd)
-    conn = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-    )
+    try:
+        conn = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:  # e.g. no permission to read it
+        raise TrackerError(f"{path} cannot be opened ({exc}): check its permissions") from exc
     try:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
