@@ -105,7 +105,7 @@ NOISY = ("tokens_per_sec", "grad_norm")  # noise over the whole y range: plotext
 
 
 async def compare_redraw(
-    n_runs: int = 5, steps: int = 50_000, repeats: int = 25
+    n_runs: int = 5, steps: int = 50_000, repeats: int = 25, size: tuple[int, int] = (160, 48)
 ) -> dict[str, tuple[float, float]]:
     """Median (wall ms, main-thread CPU ms) over `repeats` of each kind of Compare redraw. Each one
     ends with the plot turned into lines (`render_lines`, what the compositor paints), so Textual's
@@ -131,7 +131,7 @@ async def compare_redraw(
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as home:
         os.environ["TUNEBENCH_HOME"] = home
-        async with app.run_test(size=(160, 48)) as pilot:
+        async with app.run_test(size=size) as pilot:
             screen = CompareScreen(list(runs))
             screen.load = lambda: None  # the data comes from memory here, not the tracker
             app.push_screen(screen)
@@ -186,6 +186,9 @@ async def compare_redraw(
     }
 
 
+WIDE = (240, 70)  # a large terminal: the first draw grows with the plot's cells
+WIDE_PLOT = "238x29"
+
 REDRAW_ROWS = {
     "cold_smooth": "Compare, 5 runs x 50,000 steps: a metric shown for the first time, smooth curves (loss, lr, memory): downsample + plotext + Textual lines",
     "cold_noisy": "the same, noisy curves (tokens/s, grad norm: bands over the whole height)",
@@ -198,6 +201,7 @@ REDRAW_ROWS = {
 def report(
     ff: list[tuple[float, float]],
     redraw: dict[str, tuple[float, float]],
+    wide: dict[str, tuple[float, float]],
     repeats: int,
     redraws: int,
     load: tuple[float, float],
@@ -217,7 +221,7 @@ def report(
             f"`.venv/bin/python bench/workbench_latency.py --repeats {repeats} --redraws {redraws}` ({date}; 2-core CPU box",
             f"shared with other jobs, 1-minute load average {load[0]:.1f} before and {load[1]:.1f} after the run; wall",
             "times include any wait for a core, the CPU-time column is what the work itself costs). Redraw rows",
-            f"are medians of {redraws} redraws each.",
+            f"are medians of {redraws} redraws each ({max(5, redraws // 3)} in the {WIDE[0]}x{WIDE[1]} terminal).",
             "",
             "| measure | wall (median) | CPU time (median) | goal |",
             "|---|---|---|---|",
@@ -227,6 +231,10 @@ def report(
                 for k, label in REDRAW_ROWS.items()
             ],
             f"| Compare: the worker preparing the 4 other metrics after the screen shows loss (off the event loop) | {redraw['prepare_all'][0]:.0f} ms | - | - |",
+            *[
+                f"| the same in a {WIDE[0]}x{WIDE[1]} terminal (plot {WIDE_PLOT}, 2.4x the cells): first draw, {kind} curves | {wide[k][0]:.1f} ms ({verdict(wide[k][0], 50)}) | {wide[k][1]:.1f} ms ({verdict(wide[k][1], 50)}) | (50 ms at 160x48) |"
+                for k, kind in (("cold_smooth", "smooth"), ("cold_noisy", "noisy"))
+            ],
             "",
             "Before (same protocol): at commit 4fbfaab (2026-11-29, load 1.8) a first draw took 33 ms CPU for",
             "smooth curves and 361 ms for noisy ones, and every repaint rebuilt the plotext figure (32 / 365",
@@ -245,13 +253,17 @@ def report(
             "codes and parsing them back. Identity: `tests/workbench/test_compare_redraw.py` (plotext output",
             "byte for byte, Rich text span for span, painted lines segment for segment under the dark, light",
             "and ANSI themes). Where a noisy first draw's ~41 ms still go (CPU time per statement of plotext's",
-            "`build_plot`, 5 x 50,000 steps, 158 x 18 plot, 2026-11-30): ~20 ms in plotext's own statements",
-            "that loop in Python per distinct pixel (a marker-size lookup, 2 x ~62,000 calls, 10 ms, and the",
-            "max over them, 1.5 ms) or per cell (braille character lookup 2.3 ms, matrix insertion 5.8 ms,",
-            "~11,000 cells); these sit inline in `build_plot`, so only rewriting plotext's figure builder",
-            "would remove them. ~7 ms the numpy steps, ~4 ms the rest of plotext (axes, ticks, legend), ~2 ms",
-            "`figure_text`, ~6 ms Textual (Content and its lines), ~1 ms downsampling. torch and datasets",
-            "are imported only inside workers.",
+            "`build_plot` and per step after it, 5 x 50,000 steps, 158 x 18 plot, 2026-11-30): ~21 ms in",
+            "plotext's own statements that loop in Python per distinct pixel (a marker-size lookup, 2 x",
+            "~62,000 calls, ~11 ms, and the max over them, ~1.7 ms) or per cell (braille character lookup",
+            "~2.5 ms, matrix insertion ~6 ms, ~11,000 cells); they sit inline in `build_plot`, so only",
+            "replacing plotext's figure builder would remove them. ~7 ms the numpy steps, ~4 ms the rest of",
+            "plotext (axes, ticks, legend), ~1.5 ms `figure_text`, ~0.5 ms `content_from_text`, ~5 ms",
+            "Textual's line layout, ~2 ms downsampling. The per-pixel part grows with the plot's area: in",
+            "a 240x70 terminal a noisy first draw is about 100 ms (row above; at commit 2adc904 it was 339 ms",
+            "CPU, smooth 38 ms, measured the same way on 2026-11-30, load 1.6); there too the plot's worker",
+            "prepares the other metrics off the event loop, so only a resize or a switch before the worker",
+            "finished pays it. torch and datasets are imported only inside workers.",
             "",
         ]
     )
@@ -283,7 +295,8 @@ def main() -> int:
         first_frame_once(Path(home))  # warm the OS file cache once; not counted
         ff = [first_frame_once(Path(home)) for _ in range(args.repeats)]
     redraw = asyncio.run(compare_redraw(repeats=args.redraws))
-    text = report(ff, redraw, args.repeats, args.redraws, (load_before, os.getloadavg()[0]))
+    wide = asyncio.run(compare_redraw(repeats=max(5, args.redraws // 3), size=WIDE))
+    text = report(ff, redraw, wide, args.repeats, args.redraws, (load_before, os.getloadavg()[0]))
     print(text)
     if args.out:
         replace_section(args.out, text)
