@@ -215,6 +215,8 @@ def _figure_cases():
         (few, 30, 10, "braille+fillx", "dark"),  # filled to the axis: plotext's fill_data in between
         (few, 30, 10, "braille+filly", "clear"),
         (noisy, 70, 20, "braille+grid", "dark"),  # grid, a vertical and a horizontal line
+        # labels with control characters: figure_text takes plotext's ANSI round trip
+        ({"a\x1b[1mb": few["run-0"], "c\rd": few["run-1"]}, 30, 10, "braille", "dark"),
     ]
 
 

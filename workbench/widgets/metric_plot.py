@@ -419,17 +419,30 @@ def figure_text(plt: Plot) -> Text:
     codes and parsing those back: one span per run of cells with the same colours (as plotext
     writes them), the colours of each distinct run parsed by Rich once. Falls back to that
     round trip for what this does not cover (plotext's fast_plot, characters that are not one cell
-    of plain text)."""
-    import itertools
-
-    import plotext._utility as ut
-    from rich.text import Span
-
+    of plain text, unhashable colours)."""
     if plt.monitor.fast_plot:
         return Text.from_ansi(plt.build())
     plt._set_sizes()
     plt._build_matrix()
     matrix = plt.monitor.matrix
+    try:
+        text = _matrix_text(matrix)
+    except TypeError:  # a colour that is not hashable (a list, say)
+        text = None
+    if text is None:
+        matrix.set_canvas()
+        text = Text.from_ansi(matrix.get_canvas())
+    return text
+
+
+def _matrix_text(matrix: Any) -> Text | None:
+    """A plotext character matrix as Rich text (see `figure_text`), or None where a cell is not
+    one character of plain text."""
+    import itertools
+
+    import plotext._utility as ut
+    from rich.text import Span
+
     styles: dict[tuple, Any] = {}  # (foreground, style, background) -> Rich style (None: plain)
     lines: list[str] = []
     spans: list[Span] = []
@@ -437,8 +450,7 @@ def figure_text(plt: Plot) -> Text:
     for row in reversed(range(matrix.rows)):  # plotext's row 0 is the bottom one
         line = "".join(matrix.marker[row])
         if len(line) != matrix.cols or "\x1b" in line or "\r" in line or "\n" in line:
-            matrix.set_canvas()
-            return Text.from_ansi(matrix.get_canvas())
+            return None
         col = 0
         for colors, run in itertools.groupby(
             zip(matrix.fullground[row], matrix.style[row], matrix.background[row])
