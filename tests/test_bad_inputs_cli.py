@@ -222,3 +222,21 @@ def test_model_sizes_that_cannot_build_a_model_are_one_config_error(override, ne
 def test_a_tracker_database_that_is_a_folder_is_one_line(tunebench_home, capsys):
     (tunebench_home / "tunebench.db").mkdir(parents=True)
     _one_line_exit_2(capsys, ["runs"], "tunebench.db is not a file", "move it aside")
+
+
+def test_following_a_run_that_failed_before_its_first_step_prints_only_the_reason(tunebench_home):
+    import io
+
+    from workbench.run_progress import follow
+
+    with open_db() as db:
+        rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="bad")
+        update_run(
+            rec.id, db=db, status="failed", exit_code=2,
+            error="sft: tokenizer.path: /x: no such file or folder — point it at the model folder",
+        )  # fmt: skip
+    out = io.StringIO()
+    assert follow(rec.id, stream=out, interactive=False) == 2
+    assert out.getvalue().splitlines() == [
+        "run bad failed (exit code 2): sft: tokenizer.path: /x: no such file or folder — point it at the model folder"
+    ]

@@ -87,12 +87,25 @@ def follow(
                         _emit(out, tty, f"step {ev.step}: {ev.kind}: {ev.text}")
                 summary = summarize(run, db=db)
             line = progress_line(summary)
+            trained = bool(run.step) or summary.last_loss is not None
             if run.status not in ACTIVE_STATUSES:
-                _emit(out, tty, line, final=True)
-                if run.status == "failed" and run.error:
-                    print(f"run {run.name} failed:\n{run.error}", file=out)
-                print(f"run {run.name} {run.status} (exit code {run.exit_code})", file=out)
+                if trained:
+                    _emit(out, tty, line, final=True)
+                elif tty and last_line:
+                    out.write("\r\x1b[2K")  # a failed start: no progress to leave on screen
+                ending = f"run {run.name} {run.status} (exit code {run.exit_code})"
+                error = (run.error or "").strip() if run.status == "failed" else ""
+                if error and "\n" not in error:
+                    print(f"{ending}: {error}", file=out)
+                elif error:
+                    print(f"{ending}:\n{error}", file=out)
+                else:
+                    print(ending, file=out)
                 return exit_code_of(run)
+            if not trained and not tty:
+                time.sleep(poll_s)  # nothing to report before the first step (model loading)
+                launcher.reconcile_lost()
+                continue
             now = time.monotonic()
             if tty:
                 out.write("\r" + line.ljust(len(last_line)))
