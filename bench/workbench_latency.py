@@ -11,7 +11,8 @@
    lines (`render_lines`: downsampling, the plotext figure and Textual's line layout, all that the
    compositor waits for). Medians of `--redraws` redraws of each kind: a metric shown for the first
    time (smooth curves and noisy ones apart), back to a metric already shown, a repaint of the same
-   frame. Goal < 50 ms.
+   frame. Goal < 50 ms. The first draws are timed again in a 240x70 terminal (the per-pixel work
+   grows with the plot's area).
 Prints a Markdown block; `--out FILE` also replaces the "Workbench" section of that file.
 """
 
