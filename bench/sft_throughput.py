@@ -17,7 +17,9 @@ parameters). One optimizer step = forward + loss + backward + AdamW step + zero_
 
 Each (contender, shape, dtype) runs in a fresh process; the figure is the median tokens/s over the
 timed steps after warm-up. MFU = tokens/s x model FLOPs per token (6N + attention, from
-`engine.training.model_flops_per_token`) / this machine's measured matmul rate for that dtype.
+`engine.training.model_flops_per_token`) / this machine's fastest measured matmul rate for that dtype
+(for bf16: the faster of bf16 and fp32 GEMM, since a CPU without bf16 instructions runs bf16 GEMM ~40x
+slower than fp32).
 Writes a Markdown table to stdout and JSON to bench/out/sft_throughput.json.
 """
 
@@ -239,7 +241,10 @@ def main() -> int:
             "torchtune venv missing: run `bash bench/torchtune_env.sh` first (or --impls without torchtune)"
         )
         return 2
-    peaks = {d: measure_matmul_flops(_torch_dtype(d)) for d in args.dtypes.split(",")}
+    # MFU's denominator: this machine's fastest matmul rate. For bf16 that is the fp32 GEMM on CPUs
+    # without bf16 instructions (native bf16 GEMM is ~40x slower there), so it is measured too.
+    measured = {d: measure_matmul_flops(_torch_dtype(d)) for d in {*args.dtypes.split(","), "fp32"}}
+    peaks = {d: max(measured[d], measured["fp32"]) for d in args.dtypes.split(",")}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape_name in args.shapes.split(","):
