@@ -16,7 +16,9 @@
    of two bf16 values is exact in fp32 and a bf16 GEMM accumulates in fp32 anyway, so the result is
    the one a native bf16 kernel would give up to summation order (one bf16 rounding at the end):
    parameters, activations and gradients stay bf16, only the arithmetic runs on the fast path.
-   Elementwise ops are left alone (they are memory-bound and already vectorised for bf16).
+   Elementwise ops are left alone (they are memory-bound and already vectorised for bf16). The price
+   is a transient fp32 copy of each matmul's inputs (for the output projection of an 8B model, 2 GiB
+   while that one product runs).
 
 `cpu_fast_paths(device, dtype, compile=...)` applies both where they help: a CUDA run gets neither,
 an fp32 CPU run the allocator setting only, a bf16 CPU run on such a CPU both (unless the blocks are
