@@ -393,6 +393,25 @@ def check_output_dir(path: str | Path) -> None:
         ) from None
 
 
+def refuse_config_problems(cfg: dict, *, recipe: str) -> None:
+    """Refuse a config with problems before anything is built.
+
+    Raises:
+        ConfigError: the first problem `engine.config.validate` finds, and how many more
+            `tunebench validate` would list.
+    """
+    from engine.config import validate
+
+    problems = validate(cfg, recipe=recipe)
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
+            if len(problems) > 1
+            else ""
+        )
+        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+
+
 class LossIsNaN(RuntimeError):
     """The step's loss is not finite: the run stops as failed, keeping the last good checkpoint."""
 

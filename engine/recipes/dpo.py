@@ -36,6 +36,7 @@ from engine.recipes._common import (
     key_rules,
     parse_dtype,
     pick_device,
+    refuse_config_problems,
     run_recipe_main,
     set_seed,
 )
@@ -344,16 +345,7 @@ class DPORecipe:
 
 def check_config(cfg: dict, recipe: str = "dpo") -> None:
     """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    from engine.config import validate
-
-    problems = validate(cfg, recipe=recipe)
-    if problems:
-        more = (
-            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
-            if len(problems) > 1
-            else ""
-        )
-        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+    refuse_config_problems(cfg, recipe=recipe)
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

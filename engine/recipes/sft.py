@@ -43,6 +43,7 @@ from engine.recipes._common import (
     key_rules,
     parse_dtype,
     pick_device,
+    refuse_config_problems,
     resolve_model_dir,
     run_recipe_main,
     set_seed,
@@ -660,16 +661,7 @@ def check_config(cfg: dict) -> None:
     Raises:
         ConfigError: the first problem, and how many more `tunebench validate` would list.
     """
-    from engine.config import validate
-
-    problems = validate(cfg, recipe="sft")
-    if problems:
-        more = (
-            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
-            if len(problems) > 1
-            else ""
-        )
-        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+    refuse_config_problems(cfg, recipe="sft")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:
