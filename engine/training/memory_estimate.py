@@ -156,6 +156,10 @@ class TrainingOptions:
     compile: bool = False  # speed option; memory unchanged in this estimate
     packed: bool = False  # speed option; same tokens per batch, memory unchanged
     nproc: int = 1
+    sequences_per_sample: int = 1  # DPO: a chosen and a rejected row per pair, both with activations
+    # (label, bytes) of other whole models the run holds frozen (DPO's reference copy of a full
+    # fine-tune, the KD teacher): weights only, sharded like the policy; they save no activations
+    frozen_models: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -166,7 +170,12 @@ class TrainingOptions:
             raise MemoryEstimateError(
                 f"optimizer: {self.optimizer!r} is unknown; use one of {', '.join(OPTIMIZER_STATE_BYTES)}"
             )
-        for name in ("batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k"):
+        for label, size in self.frozen_models:
+            if float(size) < 0:
+                raise MemoryEstimateError(f"frozen_models: {label!r} has a negative size ({size})")
+        for name in (
+            "batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k", "sequences_per_sample"
+        ):  # fmt: skip
             if int(getattr(self, name)) <= 0:
                 raise MemoryEstimateError(f"{name}: must be a positive integer, got {getattr(self, name)}")
 
@@ -276,11 +285,20 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         state = 2 * width
     optimizer = trainable * state
 
+    # Other frozen models: weights only.
+    for label, size in opts.frozen_models:
+        weights += float(size)
+        notes.append(f"{label}: {float(size) / opts.nproc / GiB:.2f} GiB of frozen weights")
+
     shard = float(opts.nproc)
     weights, gradients, optimizer = weights / shard, gradients / shard, optimizer / shard
 
     # Activations (per rank; the batch is per rank).
-    tokens = opts.batch_size * opts.seq_len
+    tokens = opts.batch_size * opts.seq_len * opts.sequences_per_sample
+    if opts.sequences_per_sample > 1:
+        notes.append(
+            f"{opts.sequences_per_sample} rows per sample (chosen and rejected): activations of each"
+        )
     per_layer = activation_elements_per_token_per_layer(shape) * tokens * width
     if opts.activation_checkpointing:
         # Layers 0, k, 2k, ... keep only their input [B, S, D] and are recomputed one at a time in
@@ -314,6 +332,13 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         overhead_bytes=float(CUDA_OVERHEAD_BYTES if overhead else 0),
         notes=notes,
     )
+
+
+def frozen_model_bytes(shape: ModelShape, dtype: str) -> float:
+    """Bytes of a whole model of `shape` held frozen in `dtype` (a reference copy, a teacher)."""
+    if dtype not in DTYPE_BYTES:
+        raise MemoryEstimateError(f"dtype: {dtype!r} is unknown; use bf16, fp16 or fp32")
+    return float(shape.num_params) * DTYPE_BYTES[dtype]
 
 
 def detect_device_count() -> int:

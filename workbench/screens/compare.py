@@ -64,7 +64,10 @@ def _estimate_gb(run: dict[str, Any]) -> float | None:
 
     try:
         cfg = yaml.safe_load(run.get("config_text") or "") or {}
-        return services.estimate_config(cfg, int(run.get("nproc") or 1)).total_bytes / GiB
+        return (
+            services.estimate_config(cfg, int(run.get("nproc") or 1), recipe=run.get("recipe")).total_bytes
+            / GiB
+        )
     except Exception:  # no card for this model, or a config the estimate does not cover
         return None
 

@@ -451,7 +451,9 @@ class RecipeScreen(Screen):
         self.app.call_from_thread(self._problems, problems)
         cfg = as_read_by(cfg, self.recipe)  # what the estimate reads, as this recipe reads it
         try:
-            est = services.estimate_config(cfg, nproc, overhead=self.device[0].startswith("cuda"))
+            est = services.estimate_config(
+                cfg, nproc, overhead=self.device[0].startswith("cuda"), recipe=self.recipe
+            )
         except UserError as exc:
             self.app.call_from_thread(panel.show_message, str(exc))
             return

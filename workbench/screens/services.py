@@ -374,28 +374,51 @@ def preview_source(node: dict[str, Any], tokenizer_path: str, index: int) -> dic
     }
 
 
-def estimate_config(cfg: dict[str, Any], nproc: int = 1, *, overhead: bool = False) -> Any:
+def estimate_config(
+    cfg: dict[str, Any], nproc: int = 1, *, overhead: bool = False, recipe: str | None = None
+) -> Any:
     """The memory estimate (`engine.training.memory_estimate.MemoryEstimate`) of a run config.
 
-    The model's shape comes from its checkpoint folder's `config.json` or its model card. Raises
-    `UserError` when neither is known, `MemoryEstimateError` on an option it cannot estimate.
+    The model's shape comes from its checkpoint folder's `config.json` or its model card. `recipe`
+    (default sft) adds what that recipe holds besides the policy: DPO's chosen and rejected rows and,
+    for a full fine-tune, its frozen reference copy; KD's frozen teacher (`teacher_model`,
+    `teacher_checkpoint_dir`). Raises `UserError` when a shape is not known, `MemoryEstimateError` on
+    an option it cannot estimate.
     """
-    from engine.training.memory_estimate import ModelShape, TrainingOptions, estimate_memory
-    from workbench.screens.recipe_options import card_with_overrides, model_shape_source, training_options
+    from engine.training.memory_estimate import (
+        ModelShape,
+        TrainingOptions,
+        estimate_memory,
+        frozen_model_bytes,
+    )
+    from workbench.screens.recipe_options import training_options
+
+    shape = ModelShape.from_card(_model_shape_card(cfg, "model"))
+    opts = training_options(cfg, nproc, recipe)
+    if recipe == "dpo":
+        opts["sequences_per_sample"] = 2
+        if opts["method"] == "full":
+            opts["frozen_models"] = (("reference model", frozen_model_bytes(shape, opts["dtype"])),)
+    elif recipe == "kd" and isinstance(cfg.get("teacher_model"), dict):
+        teacher_cfg = {"model": cfg["teacher_model"], "checkpoint_dir": cfg.get("teacher_checkpoint_dir")}
+        teacher = ModelShape.from_card(_model_shape_card(teacher_cfg, "teacher_model"))
+        opts["frozen_models"] = (("teacher model", frozen_model_bytes(teacher, opts["dtype"])),)
+    return estimate_memory(shape, TrainingOptions(**opts), overhead=overhead)
+
+
+def _model_shape_card(cfg: dict[str, Any], field: str) -> Any:
+    """The shape card of `cfg["model"]`: its folder's `config.json`, its own sizes, or a model card."""
+    from workbench.screens.recipe_options import card_with_overrides, model_shape_source
 
     source = model_shape_source(cfg)
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     if isinstance(source, dict):
-        card: Any = source
-    elif all(node.get(k) for k in ("num_layers", "embed_dim", "vocab_size")):
-        card = card_with_overrides({}, node)  # a builder called with every size: no card needed
-    else:
-        if not source:
-            raise UserError("no estimate: the config has no `model` component to size")
-        found = model_card(source, node)
-        if found is None:
-            raise UserError(f"no model card for {source!r}: the estimate needs the model's shape")
-        card = card_with_overrides(found, node)
-    return estimate_memory(
-        ModelShape.from_card(card), TrainingOptions(**training_options(cfg, nproc)), overhead=overhead
-    )
+        return source
+    if all(node.get(k) for k in ("num_layers", "embed_dim", "vocab_size")):
+        return card_with_overrides({}, node)  # a builder called with every size: no card needed
+    if not source:
+        raise UserError(f"no estimate: the config has no `{field}` component to size")
+    found = model_card(source, node)
+    if found is None:
+        raise UserError(f"no model card for {source!r} ({field}): the estimate needs the model's shape")
+    return card_with_overrides(found, node)

@@ -1,0 +1,54 @@
+"""The memory estimate counts what DPO and KD hold besides the policy: DPO's chosen and rejected rows
+and (full fine-tune) its frozen reference copy; KD's frozen teacher, sized from its own model card."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workbench.screens.services import estimate_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+LLAMA_3_1_8B_PARAMS = 8_030_261_248  # Meta's published parameter count of Llama 3.1 8B
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((CONFIGS / name).read_text())
+
+
+def test_kd_adds_the_teacher_weights_at_the_compute_width():
+    cfg = _load("llama3_2/1B_kd.yaml")  # teacher: engine.models.llama3.llama3_1_8b, bf16
+    student_only = estimate_config(cfg, 1, recipe="sft")
+    with_teacher = estimate_config(cfg, 1, recipe="kd")
+    assert with_teacher.weights_bytes - student_only.weights_bytes == pytest.approx(2 * LLAMA_3_1_8B_PARAMS)
+    assert with_teacher.activations_bytes == student_only.activations_bytes  # the teacher saves none
+    assert any(n.startswith("teacher model: 14.96 GiB") for n in with_teacher.notes)
+    sharded = estimate_config(cfg, 2, recipe="kd")  # KD is one process: nproc is ignored
+    assert sharded.weights_bytes == with_teacher.weights_bytes
+
+
+def test_full_dpo_holds_a_reference_copy_and_two_rows_per_pair():
+    cfg = _load("llama3_2/1B_full.yaml")
+    sft = estimate_config(cfg, 1, recipe="sft")
+    dpo = estimate_config(cfg, 1, recipe="dpo")
+    assert dpo.weights_bytes == pytest.approx(2 * sft.weights_bytes)  # policy + frozen reference, same width
+    assert dpo.gradients_bytes == sft.gradients_bytes and dpo.optimizer_bytes == sft.optimizer_bytes
+    # Every activation term is per token, and a pair is two rows: compare at the same logits handling.
+    no_lce = copy.deepcopy(cfg)
+    no_lce["loss"] = {"_component_": "engine.modules.loss.ChunkedCrossEntropyLoss"}
+    assert dpo.activations_bytes == pytest.approx(
+        2 * estimate_config(no_lce, 1, recipe="sft").activations_bytes
+    )
+    two_ranks = estimate_config(cfg, 2, recipe="dpo")
+    assert two_ranks.weights_bytes == pytest.approx(dpo.weights_bytes / 2)  # FSDP shards the reference too
+
+
+def test_lora_dpo_uses_the_adapter_free_base_as_reference():
+    cfg = _load("llama3_2/1B_lora_dpo.yaml")
+    sft = estimate_config(cfg, 1, recipe="sft")
+    dpo = estimate_config(cfg, 1, recipe="dpo")
+    assert dpo.weights_bytes == sft.weights_bytes
+    assert not any(n.startswith("reference model") for n in dpo.notes)
