@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from engine.tracking.readers import get_run
 from engine.tracking.runs import add_event, update_run
 
 LOG_NAME = "stdout.log"
+EXIT_DIR_NAME = ".exit_codes"
 _EXITCODE_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ELASTIC_LOG_RE = re.compile(r"^[EWI]\d{4} \d")  # torch.distributed.elastic's own log lines
 _NOISE_RE = re.compile(r"^(step \d+(/\d+)? \||== tunebench: )")  # MetricLogger's step lines, our header
@@ -77,6 +79,22 @@ def worker_exit_code(log_tail: str, returncode: int) -> int:
     return returncode
 
 
+def recorded_exit_code(exit_dir: Path, log_tail: str, returncode: int) -> int:
+    """The run's exit code: 0 when torchrun succeeded; else the lowest rank's non-zero code that the
+    ranks recorded themselves (`engine.training.shutdown` writes `exit_dir/rank<N>`); else, for a rank
+    that died without recording (a signal, a crash before shutdown), what torchrun's report says."""
+    if returncode == 0:
+        return 0
+    codes = []
+    for path in exit_dir.glob("rank*"):
+        try:
+            codes.append((int(path.name[4:]), int(path.read_text().strip())))
+        except (OSError, ValueError):  # a name or content not written by shutdown()
+            continue
+    failing = [code for _, code in sorted(codes) if code != 0]
+    return failing[0] if failing else worker_exit_code(log_tail, returncode)
+
+
 def failure_text(log_tail: str, lines: int = TAIL_LINES) -> str:
     """The last `lines` lines of what the recipe printed: torchrun's own traceback and failure report
     and elastic log lines are cut, so the reason (e.g. `loss is nan at step 12`) is what remains."""
@@ -113,7 +131,14 @@ def supervise(run_id: str, extra: list[str]) -> int:
         log_path = out / LOG_NAME
         cmd = torchrun_command(nproc=run.nproc, module=run.module, config=out / "config.yaml", extra=extra)
         env = dict(os.environ)
-        env.update(TUNEBENCH_HOME=str(tunebench_home()), TUNEBENCH_RUN_ID=run.id, PYTHONUNBUFFERED="1")
+        exit_dir = out / EXIT_DIR_NAME  # each rank records its own code there (torchrun exits 1)
+        shutil.rmtree(exit_dir, ignore_errors=True)  # a resume relaunches into the same folder
+        env.update(
+            TUNEBENCH_HOME=str(tunebench_home()),
+            TUNEBENCH_RUN_ID=run.id,
+            TUNEBENCH_EXIT_DIR=str(exit_dir),
+            PYTHONUNBUFFERED="1",
+        )
         child: subprocess.Popen | None = None
         stop_seen = False
 
@@ -166,7 +191,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
             for proc in run_workers(run.id):  # workers orphaned by a crashed torchrun (own sessions)
                 _kill(proc)
         tail = read_tail(log_path)
-        code = worker_exit_code(tail, rc)
+        code = recorded_exit_code(exit_dir, tail, rc)
         final = get_run(run.id, db=db)
         if final.stop_requested or stop_seen:
             status, error = "stopped", None

@@ -11,6 +11,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -107,6 +108,30 @@ def shutdown(code: int = 0) -> NoReturn:
             dist.destroy_process_group()
         except Exception as exc:  # a peer already gone: still exit with our own code
             print(f"warning: process group shutdown: {exc}", file=sys.stderr)
+    record_exit_code(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+EXIT_DIR_ENV = "TUNEBENCH_EXIT_DIR"
+
+
+def record_exit_code(code: int) -> None:
+    """Write this rank's exit code to `$TUNEBENCH_EXIT_DIR/rank<RANK>` when the launcher set that folder.
+
+    torchrun exits 1 whatever its workers returned; the supervisor reads these files to record the
+    recipe's own code (2 bad config, 1 NaN). Written atomically; a failure to write is one warning.
+    """
+    folder = os.environ.get(EXIT_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f".rank{rank}.tmp"
+        tmp.write_text(f"{int(code)}\n")
+        os.replace(tmp, path / f"rank{rank}")
+    except OSError as exc:
+        print(f"warning: could not record the exit code in {folder}: {exc}", file=sys.stderr)

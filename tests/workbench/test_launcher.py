@@ -78,6 +78,22 @@ def test_exit_codes_statuses_and_error_tail(lsq):
 
     assert (bad.status, bad.exit_code) == ("failed", 2)
     assert "steps: must be a positive integer" in bad.error
+    # the code came from the rank itself (torchrun exits 1), not from torchrun's report
+    assert (Path(bad.output_dir) / ".exit_codes" / "rank0").read_text() == "2\n"
+    assert (Path(nan.output_dir) / ".exit_codes" / "rank0").read_text() == "1\n"
+
+
+def test_exit_code_is_the_lowest_failing_rank_s_own_then_torchrun_s_report(tmp_path):
+    from workbench.supervisor import recorded_exit_code
+
+    report = "Root Cause (first observed failure):\n[0]:\n  exitcode  : -9 (pid: 12)\n"
+    assert recorded_exit_code(tmp_path, report, 0) == 0
+    assert recorded_exit_code(tmp_path, report, 1) == -9  # nothing recorded: a rank was killed
+    (tmp_path / "rank1").write_text("2\n")
+    (tmp_path / "rank3").write_text("1\n")
+    (tmp_path / "rank0").write_text("0\n")
+    (tmp_path / "rank2").write_text("garbage")
+    assert recorded_exit_code(tmp_path, report, 1) == 2
 
 
 @pytest.mark.slow

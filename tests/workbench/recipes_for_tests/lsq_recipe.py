@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from engine.config import ConfigError, load_config
 from engine.tracking import MetricLogger
+from engine.training.distributed import shutdown
 
 CONFIG_KEYS = {
     "steps": "optimizer steps to run",
@@ -159,12 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if asked:
             break
     log.close()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    shutdown(code)  # barrier, destroy the group, record the code for the supervisor, os._exit
 
 
 def _rss_gb() -> float:
@@ -174,4 +170,4 @@ def _rss_gb() -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    shutdown(main())
