@@ -81,6 +81,23 @@ def test_generate_chat_uses_the_template(tiny_dir, capsys, tunebench_home):
     assert capsys.readouterr().out.rstrip("\n") == _reference(model, tok, tok.encode(rendered).ids, 8)
 
 
+def test_generate_in_bf16_on_cpu_takes_the_fp32_matmul_path_with_the_native_result(
+    tiny_dir, capsys, tunebench_home, monkeypatch
+):
+    """On a CPU without bf16 instructions bf16 matmuls run in fp32 and round to bf16; greedy decoding
+    gives the native bf16 kernels' tokens (TUNEBENCH_CPU_BF16_MATMUL=native), and the stats line says so."""
+    folder, _, _ = tiny_dir
+    argv = ["generate", str(folder), "the cat", "--max-new-tokens", "12", "--dtype", "bfloat16"]
+    outputs = {}
+    for choice in ("fp32", "native"):
+        monkeypatch.setenv("TUNEBENCH_CPU_BF16_MATMUL", choice)
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        assert ("bf16 matmuls in fp32 on this CPU" in captured.err) == (choice == "fp32"), captured.err
+        outputs[choice] = captured.out
+    assert outputs["fp32"] == outputs["native"] and outputs["fp32"].strip()
+
+
 def test_generate_sampling_is_seeded(tiny_dir, capsys, tunebench_home):
     folder, _, _ = tiny_dir
     argv = [

@@ -11,6 +11,7 @@ The completion goes to stdout; token counts and speed to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
@@ -157,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.data.tokenizers import load_tokenizer
     from engine.generation import generate
     from engine.models import from_pretrained
+    from engine.training.cpu_fast_paths import Bf16MatmulsInFp32, wants_bf16_matmuls_in_fp32
 
     folder = resolve_model(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -179,19 +181,22 @@ def run(args: argparse.Namespace) -> int:
             f"context of {max_len}; lower it"
         )
     stream = _Stream(tok) if sys.stdout.isatty() and not args.no_stream else None
+    # bf16 on a CPU without bf16 instructions: matmuls in fp32, rounded to bf16 (~30x faster there)
+    upcast = wants_bf16_matmuls_in_fp32(torch.device(device), getattr(torch, dtype_name))
     start = time.perf_counter()
-    out = generate(
-        model,
-        [prompt],
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        stop_tokens=tok.stop_tokens,
-        pad_id=tok.pad_id,
-        seed=args.seed,
-        on_step=stream,
-    )
+    with Bf16MatmulsInFp32() if upcast else contextlib.nullcontext():
+        out = generate(
+            model,
+            [prompt],
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            stop_tokens=tok.stop_tokens,
+            pad_id=tok.pad_id,
+            seed=args.seed,
+            on_step=stream,
+        )
     seconds = time.perf_counter() - start
     text = tok.decode(out.completions[0], skip_special_tokens=True)
     if stream is None:
@@ -201,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     n = int(out.lengths[0])
     reason = "stop token" if bool(out.stopped[0]) else "max-new-tokens"
     print(
-        f"[{folder}: {len(prompt)} prompt + {n} new tokens in {seconds:.2f}s, {n / max(seconds, 1e-9):.1f} tok/s, ended by {reason}]",
+        f"[{folder}: {len(prompt)} prompt + {n} new tokens in {seconds:.2f}s, {n / max(seconds, 1e-9):.1f} tok/s, ended by {reason}"
+        + (", bf16 matmuls in fp32 on this CPU" if upcast else "")
+        + "]",
         file=sys.stderr,
     )
     return 0
