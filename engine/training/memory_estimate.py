@@ -160,6 +160,9 @@ class TrainingOptions:
     # (label, bytes) of other whole models the run holds frozen (DPO's reference copy of a full
     # fine-tune, the KD teacher): weights only, sharded like the policy; they save no activations
     frozen_models: tuple[tuple[str, float], ...] = ()
+    # GRPO: tokens (rows x length) whose keys and values the rollout generation caches before training;
+    # generation and backward do not overlap, so the larger of the two counts as activations
+    rollout_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -170,6 +173,8 @@ class TrainingOptions:
             raise MemoryEstimateError(
                 f"optimizer: {self.optimizer!r} is unknown; use one of {', '.join(OPTIMIZER_STATE_BYTES)}"
             )
+        if int(self.rollout_kv_tokens) < 0:
+            raise MemoryEstimateError(f"rollout_kv_tokens: must be >= 0, got {self.rollout_kv_tokens}")
         for label, size in self.frozen_models:
             if float(size) < 0:
                 raise MemoryEstimateError(f"frozen_models: {label!r} has a negative size ({size})")
@@ -315,6 +320,11 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
     activations += logit_tokens * shape.vocab_size * (width + 4 + 4)
     if opts.linear_cross_entropy:
         notes.append(f"linear cross-entropy: logits built {opts.ce_chunk_tokens} tokens at a time")
+    if opts.rollout_kv_tokens:
+        # [rows, L] tokens x layers x (keys + values) x kv_dim, in the compute dtype
+        kv_cache = opts.rollout_kv_tokens * shape.num_layers * 2 * shape.kv_dim * width
+        notes.append(f"rollouts: KV cache {kv_cache / GiB:.2f} GiB before each training pass (not at once)")
+        activations = max(activations, kv_cache)
     if opts.packed:
         notes.append("packing: speed option; memory unchanged")
     if opts.compile:

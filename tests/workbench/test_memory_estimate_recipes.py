@@ -52,3 +52,31 @@ def test_lora_dpo_uses_the_adapter_free_base_as_reference():
     dpo = estimate_config(cfg, 1, recipe="dpo")
     assert dpo.weights_bytes == sft.weights_bytes
     assert not any(n.startswith("reference model") for n in dpo.notes)
+
+
+def test_grpo_trains_on_completions_and_caches_the_rollouts_keys_and_values():
+    from engine.training.memory_estimate import GiB
+
+    cfg = _load("qwen2_5/0.5B_lora_grpo.yaml")  # batch 8 x group 8, prompts <= 384, 384 new, minibatch 16
+    rows, length = 8 * 8, 384 + 384
+    # Qwen2.5-0.5B: 24 layers, 2 KV heads x 64 dims; keys and values; bf16
+    kv_bytes = rows * length * 24 * 2 * (2 * 64) * 2
+    sync = estimate_config(cfg, 1, recipe="grpo")
+    assert any(n.startswith(f"rollouts: KV cache {kv_bytes / GiB:.2f} GiB") for n in sync.notes), sync.notes
+    trained = estimate_config(cfg, 1, recipe="grpo_async")  # async: rollouts live in the generators
+    # its training pass is an SFT-shaped batch of 16 completions x 768 tokens with plain cross-entropy
+    as_sft = copy.deepcopy(cfg)
+    as_sft.update(batch_size=16, max_seq_len=length)
+    as_sft["loss"] = {"_component_": "engine.modules.loss.ChunkedCrossEntropyLoss"}
+    assert trained.activations_bytes == estimate_config(as_sft, 1, recipe="sft").activations_bytes
+    assert sync.activations_bytes == max(trained.activations_bytes, kv_bytes)
+    assert not any(n.startswith("rollouts") for n in trained.notes)
+
+
+def test_full_grpo_with_a_kl_term_holds_a_reference_copy():
+    cfg = _load("qwen2_5/0.5B_lora_grpo.yaml")
+    cfg["model"] = {"_component_": "engine.models.qwen2.qwen2_5_0_5b"}
+    with_kl = estimate_config(cfg, 1, recipe="grpo")
+    cfg["loss"] = {"_component_": "engine.modules.loss.GRPOLoss", "kl_coeff": 0.0}
+    without_kl = estimate_config(cfg, 1, recipe="grpo")
+    assert with_kl.weights_bytes == pytest.approx(2 * without_kl.weights_bytes)

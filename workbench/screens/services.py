@@ -382,7 +382,8 @@ def estimate_config(
     The model's shape comes from its checkpoint folder's `config.json` or its model card. `recipe`
     (default sft) adds what that recipe holds besides the policy: DPO's chosen and rejected rows and,
     for a full fine-tune, its frozen reference copy; KD's frozen teacher (`teacher_model`,
-    `teacher_checkpoint_dir`). Raises `UserError` when a shape is not known, `MemoryEstimateError` on
+    `teacher_checkpoint_dir`); GRPO's completions as the batch, the rollouts' KV cache (synchronous
+    GRPO) and, for a full fine-tune with a KL term, its frozen reference. Raises `UserError` when a shape is not known, `MemoryEstimateError` on
     an option it cannot estimate.
     """
     from engine.training.memory_estimate import (
@@ -399,11 +400,35 @@ def estimate_config(
         opts["sequences_per_sample"] = 2
         if opts["method"] == "full":
             opts["frozen_models"] = (("reference model", frozen_model_bytes(shape, opts["dtype"])),)
+    elif recipe in ("grpo", "grpo_async"):
+        opts.update(_grpo_rows(cfg, sync=recipe == "grpo"))
+        loss = cfg.get("loss") if isinstance(cfg.get("loss"), dict) else {}
+        kl = loss.get("kl_coeff", 0.04)
+        if opts["method"] == "full" and isinstance(kl, (int, float)) and kl > 0:
+            opts["frozen_models"] = (("reference model", frozen_model_bytes(shape, opts["dtype"])),)
     elif recipe == "kd" and isinstance(cfg.get("teacher_model"), dict):
         teacher_cfg = {"model": cfg["teacher_model"], "checkpoint_dir": cfg.get("teacher_checkpoint_dir")}
         teacher = ModelShape.from_card(_model_shape_card(teacher_cfg, "teacher_model"))
         opts["frozen_models"] = (("teacher model", frozen_model_bytes(teacher, opts["dtype"])),)
     return estimate_memory(shape, TrainingOptions(**opts), overhead=overhead)
+
+
+def _grpo_rows(cfg: dict[str, Any], *, sync: bool) -> dict[str, int]:
+    """GRPO's training batch (`minibatch_size` completions, else `batch_size * group_size`) of
+    `max_prompt_len + max_new_tokens` tokens, and (synchronous GRPO, which samples in the trainer) the
+    rollout tokens whose keys and values generation caches. A prompt length the config does not cap
+    (`dataset.max_prompt_len`) counts as 512 tokens."""
+
+    def positive(value: Any, default: int) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    dataset = cfg.get("dataset") if isinstance(cfg.get("dataset"), dict) else {}
+    rows = positive(cfg.get("batch_size"), 1) * positive(cfg.get("group_size"), 1)
+    length = positive(dataset.get("max_prompt_len"), 512) + positive(cfg.get("max_new_tokens"), 256)
+    out = {"batch_size": positive(cfg.get("minibatch_size"), rows), "seq_len": length}
+    if sync:
+        out["rollout_kv_tokens"] = rows * length
+    return out
 
 
 def _model_shape_card(cfg: dict[str, Any], field: str) -> Any:
