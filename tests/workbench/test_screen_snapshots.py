@@ -168,6 +168,9 @@ def test_compare_screen(snap_compare, snap_home):
     async def ready(pilot):
         pilot.app.push_screen(pilot.app.make_screen("compare", run_ids=[snap_home["a"], snap_home["b"]]))
         await _until(pilot, lambda: len(getattr(pilot.app.screen, "data", {})) == 2)
+        # the evaluation table appears with the data and takes rows from the plot: wait for that layout
+        table = pilot.app.screen.query_one("EvalTable")
+        await _until(pilot, lambda: table.row_count == 2 and table.display and table.size.height > 0)
 
     assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
 
