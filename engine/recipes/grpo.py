@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.recipes._common import (
     EpochBatchSampler,
@@ -36,6 +35,7 @@ from engine.recipes._common import (
     StopFlag,
     check_vocab,
     key_rules,
+    load_resume_state,
     parse_dtype,
     pick_device,
     run_recipe_main,
@@ -243,28 +243,17 @@ class GRPORecipe:
         self.total_steps = per_epoch * self.epochs
 
     def _maybe_resume(self) -> None:
-        resume = self.cfg.get("resume", False)
-        if resume in (False, None, "false"):
+        state = load_resume_state(
+            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=0,  # one process
+        )  # fmt: skip
+        if state is None:
             return
-        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
-        if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
-            self.logger.event(
-                0, "resume", f"no checkpoint under {self.output_dir}/checkpoints yet: starting at step 0"
-            )
-            return
-        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
-        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         if state.get("generator") is not None:
             self.generator.set_state(state["generator"])
-        if os.environ.get("TUNEBENCH_RUN_ID"):
-            from engine.tracking import truncate_metrics_after
-
-            truncate_metrics_after(os.environ["TUNEBENCH_RUN_ID"], self.global_step)
-        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
 
     # ------------------------------------------------------------------------------------ one step
     def rollout(self, prompts: list[list[int]], answers: list[str]) -> Rollout:

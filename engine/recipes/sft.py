@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from engine.checkpoint.recipe_state import latest_checkpoint, load_checkpoint, save_checkpoint
+from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.recipes._common import (
     EpochBatchSampler,
@@ -41,6 +40,7 @@ from engine.recipes._common import (
     check_vocab,
     forward_replaced,
     key_rules,
+    load_resume_state,
     parse_dtype,
     pick_device,
     refuse_config_problems,
@@ -349,29 +349,16 @@ class SFTRecipe:
         return loss
 
     def _maybe_resume(self) -> None:
-        resume = self.cfg.get("resume", False)
-        if resume in (False, None, "false"):
+        state = load_resume_state(
+            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=self.rank,
+        )  # fmt: skip
+        if state is None:
             return
-        path = latest_checkpoint(self.output_dir) if resume in (True, "true", "latest") else Path(resume)
-        if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
-            self.logger.event(
-                0, "resume", f"no checkpoint under {self.output_dir}/checkpoints yet: starting at step 0"
-            )
-            return
-        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
-        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.global_step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         self.tokens_total = int(state.get("tokens_total", 0))
-        run_id = os.environ.get("TUNEBENCH_RUN_ID")
-        if run_id and self.rank == 0:
-            # The launcher does this too; doing it here keeps a hand-resumed run's rows unique.
-            from engine.tracking import truncate_metrics_after
-
-            truncate_metrics_after(run_id, self.global_step)
-        self.logger.event(self.global_step, "resume", f"resumed from {path.name}")
 
     # ------------------------------------------------------------------------------------ training
     def _token_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
