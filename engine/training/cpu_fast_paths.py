@@ -43,9 +43,11 @@ from engine.config import ConfigError
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _KEEP_BYTES = 1 << 30  # allocations below 1 GiB come from the heap and stay there once freed
+_NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes: freed heap memory is not handed back
 
 _aten = torch.ops.aten
-# op -> indices of the outputs that are bf16 when the inputs are (the rest, e.g. logsumexp, are fp32)
+# op -> indices of its outputs that are bf16 when the inputs are (the others, e.g. the logsumexp, stay
+# fp32), or None for an op with one tensor out
 _UPCAST_OPS: dict = {
     _aten.mm.default: None,
     _aten.addmm.default: None,
@@ -67,7 +69,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * _KEEP_BYTES))
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -92,8 +94,8 @@ class Bf16MatmulsInFp32(TorchDispatchMode):
 
     Only plain CPU tensors (and parameters) are touched: an op with a tensor subclass argument (DTensor,
     NF4) passes through, and reaches this mode again with plain tensors once the subclass has unwrapped
-    itself; every other op and
-    every other dtype runs unchanged. `hits` counts the ops that took the fp32 path.
+    itself; every other op and every other dtype runs unchanged. `hits` counts the ops that took the
+    fp32 path.
     """
 
     def __init__(self) -> None:
@@ -102,14 +104,12 @@ class Bf16MatmulsInFp32(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        bf16_outputs = _UPCAST_OPS.get(func, False)
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if (
-            bf16_outputs is False
-            or not any(_plain_cpu_bf16(t) for t in tensors)
-            or not all(_plain(t) for t in tensors)  # a subclass: it unwraps itself and comes back
-        ):
+        if func not in _UPCAST_OPS:  # every op passes here: leave the others at once
             return func(*args, **kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not any(_plain_cpu_bf16(t) for t in tensors) or not all(_plain(t) for t in tensors):
+            return func(*args, **kwargs)  # not bf16, or a subclass (it unwraps itself and comes back)
+        bf16_outputs = _UPCAST_OPS[func]
         self.hits += 1
         out = func(*(_to_fp32(a) for a in args), **{k: _to_fp32(v) for k, v in kwargs.items()})
         if isinstance(out, torch.Tensor):
