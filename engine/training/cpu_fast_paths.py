@@ -4,8 +4,9 @@
    at most 32 MiB) straight to `mmap` and gives it back with `munmap` when freed. A training step
    allocates the same large buffers every time (`[N, V]` logit blocks, `[V, D]` embedding and output
    gradients: 65 MB each at vocab 32k, dim 512), so every step page-faults them in again, one 4 KiB
-   page at a time, and the kernel zeroes each page: ~50k faults and ~10% of a 50M-parameter step on
-   this project's 2-core box (`tests/engine/training/test_cpu_fast_paths.py` counts them). Raising the
+   page at a time, and the kernel zeroes each page: ~60k faults and ~10% of a 50M-parameter step on
+   this project's 2-core box (docs/BENCHMARKS.md, SFT; the test counts the faults of that allocation
+   pattern with and without). Raising the
    mmap and trim thresholds keeps freed memory in the process for the next step. Resident memory
    stays at the step's peak instead of dropping between steps; nothing else changes.
 
