@@ -102,15 +102,11 @@ def follow(
                 else:
                     print(ending, file=out)
                 return exit_code_of(run)
-            if not trained and not tty:
-                time.sleep(poll_s)  # nothing to report before the first step (model loading)
-                launcher.reconcile_lost()
-                continue
             now = time.monotonic()
             if tty:
                 out.write("\r" + line.ljust(len(last_line)))
                 out.flush()
-            elif line != last_line and now - last_print >= 2.0:
+            elif trained and line != last_line and now - last_print >= 2.0:  # nothing before step 1
                 print(line, file=out, flush=True)
                 last_print = now
             last_line = line
