@@ -635,7 +635,9 @@ def test_malformed_yaml_points_at_what_to_fix(text, tail, tmp_path, monkeypatch,
     [
         ("grpo", ["--nproc", "2"], "tunebench: --nproc 2: the grpo recipe runs on at most 1 process(es); use --nproc 1"),
         ("sft", ["--nproc", "3", "tensor_parallel_dim=2"],
-         "tunebench: --nproc 3: tensor_parallel_dim 2 must divide it; use a multiple of 2, or tensor_parallel_dim=1"),
+         "tunebench: --nproc 3: tensor_parallel_dim: data_parallel_replicate_dim=1 x data_parallel_shard_dim=-1 x "
+         "context_parallel_dim=1 x tensor_parallel_dim=2 needs a multiple of 2 ranks, but the run has 3 — choose "
+         "degrees whose product divides the number of processes"),
     ],
 )  # fmt: skip
 def test_a_process_count_the_recipe_cannot_use_registers_nothing(

@@ -117,7 +117,7 @@ def create_run(
 
 def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
     """Refuse a process count the recipe cannot use, before a run is registered: more than its
-    `MAX_NPROC` (one-process recipes), or one that `tensor_parallel_dim` does not divide."""
+    `MAX_NPROC` (one-process recipes), or one the parallel degrees (tp, cp, dp) do not fit."""
     import importlib
 
     most = getattr(importlib.import_module(f"engine.recipes.{recipe}"), "MAX_NPROC", None)
@@ -125,11 +125,11 @@ def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
         raise UserError(
             f"--nproc {nproc}: the {recipe} recipe runs on at most {most} process(es); use --nproc {most}"
         )
-    tp = cfg.get("tensor_parallel_dim", 1)
-    if isinstance(tp, int) and tp > 1 and nproc % tp:
-        raise UserError(
-            f"--nproc {nproc}: tensor_parallel_dim {tp} must divide it; use a multiple of {tp}, or tensor_parallel_dim=1"
-        )
+    from engine.training.device_mesh import check_parallel_degrees
+
+    problems = check_parallel_degrees(cfg, nproc)
+    if problems:
+        raise UserError(f"--nproc {nproc}: {problems[0]}")
 
 
 def _model_label(cfg: dict) -> str | None:

@@ -73,7 +73,10 @@ CONFIG_KEYS: dict[str, str] = {
     "enable_activation_offloading": "move saved activations to host memory (CUDA only)",
     "compile": "torch.compile each block (faster steps after a one-off compile)",
     "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2)",
-    "tensor_parallel_dim": "tensor-parallel degree inside the FSDP mesh (1: none)",
+    "data_parallel_replicate_dim": "HSDP replicas (across nodes; 1: none); mesh order dp_replicate, dp_shard, cp, tp",
+    "data_parallel_shard_dim": "FSDP2 shard degree (-1: the ranks the other degrees leave)",
+    "context_parallel_dim": "context-parallel degree: each sequence split over this many ranks (1: none)",
+    "tensor_parallel_dim": "tensor-parallel degree, innermost mesh dimension (1: none)",
     "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
     "keep_last_n_checkpoints": "complete checkpoints to keep",
     "save_merged_model": "LoRA: also write the merged full model (transformers loads it) at the end",
@@ -111,16 +114,18 @@ class SFTRecipe:
         self.cfg = cfg
         self.dist_info = dist_info
         self.rank, self.world_size = _rank_world()
-        # Tensor-parallel ranks share their batch: data is split over the `world / tp` data-parallel
-        # groups (mesh ("dp", "tp"), tp innermost, so rank = dp_rank * tp + tp_rank).
-        self.tp = int(cfg.get("tensor_parallel_dim", 1))
-        if self.tp < 1 or self.world_size % self.tp:
+        # One mesh (dp_replicate, dp_shard, cp, tp): batches are split over the dp = dp_replicate x
+        # dp_shard data-parallel groups; cp and tp ranks of a group share its batch.
+        from engine.training.device_mesh import parallel_dims
+
+        self.dims = parallel_dims(cfg, self.world_size)
+        self.tp = self.dims.tp
+        self.dp_size, self.dp_rank = self.dims.dp, self.dims.dp_rank(self.rank)
+        if self.dims.cp > 1:
             raise ConfigError(
-                f"tensor_parallel_dim: {self.tp} must divide the number of ranks ({self.world_size}) "
-                "— set it to a divisor of --nproc (1: no tensor parallelism)",
-                field="tensor_parallel_dim",
+                "context_parallel_dim: the SFT recipe does not split sequences yet — set context_parallel_dim=1",
+                field="context_parallel_dim",
             )
-        self.dp_size, self.dp_rank = self.world_size // self.tp, self.rank // self.tp
         self.device = pick_device(cfg.get("device"))
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device  # one GPU per local rank
@@ -206,11 +211,9 @@ class SFTRecipe:
         ac = bool(cfg.get("enable_activation_checkpointing", False))
         every_k = int(cfg.get("ac_every_k", 1))
         fsdp_cfg = dict(cfg.get("fsdp") or {})
-        tp = self.tp
         model = parallelize(
             model,
-            world_mesh=self._mesh(tp),
-            tp=tp,
+            mesh=self._mesh(),
             activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
             compile=bool(cfg.get("compile", False)),
             fsdp=self.world_size > 1,
@@ -248,12 +251,12 @@ class SFTRecipe:
         # Loading also materialises what the folder lacks: LoRA adapters (seeded above), NF4 bases.
         return load_hf_weights(model, self.model_dir, dtype=self.dtype)
 
-    def _mesh(self, tp: int):
+    def _mesh(self):
         if self.world_size == 1:
             return None
         from engine.training import build_world_mesh
 
-        return build_world_mesh(self.dist_info, tp=tp)
+        return build_world_mesh(self.dist_info, self.dims)
 
     def _setup_tokenizer(self):
         node = self.cfg.get("tokenizer")

@@ -81,7 +81,7 @@ def build_model(
     fsdp_cfg = dict(fsdp_cfg or {})
     model = parallelize(
         model,
-        world_mesh=build_world_mesh(dist_info, tp=1) if world > 1 else None,
+        mesh=build_world_mesh(dist_info) if world > 1 else None,
         activation_checkpointing=activation_checkpointing and trainable,
         compile=compile,
         fsdp=world > 1,

@@ -16,9 +16,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from engine.config import ConfigError
+from engine.training.device_mesh import ParallelDims, build_device_mesh, parallel_dims
 
 
 @dataclass(frozen=True)
@@ -79,21 +80,25 @@ def init_distributed(*, force_process_group: bool = False, timeout_s: int = 1800
     return DistributedInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
-def build_world_mesh(info: DistributedInfo, *, tp: int = 1) -> DeviceMesh:
-    """A `("dp", "tp")` mesh of `world_size // tp` x `tp` ranks (just `("dp",)` when tp == 1).
+def build_world_mesh(info: DistributedInfo, dims: ParallelDims | None = None, *, tp: int = 1) -> DeviceMesh:
+    """The run's 4-D mesh (`engine.training.device_mesh.MESH_DIMS`) over `info.world_size` ranks.
+
+    Args:
+        dims: the degrees (`parallel_dims(cfg, world_size)`); None: `tp` tensor parallel, the rest
+            data-parallel shards.
 
     Raises:
-        ConfigError: `tp` does not divide the world size.
+        ConfigError: degrees whose product is not the world size (one line naming the keys).
     """
-    if tp < 1 or info.world_size % tp:
+    if dims is None:
+        dims = parallel_dims({"tensor_parallel_dim": tp}, info.world_size)
+    elif dims.world_size != info.world_size:
         raise ConfigError(
-            f"tensor_parallel_dim: {tp} must divide the number of ranks ({info.world_size}) — "
-            "change tensor_parallel_dim or --nproc_per_node",
-            field="tensor_parallel_dim",
+            f"data_parallel_shard_dim: the mesh {dims.describe()} has {dims.world_size} ranks, the run "
+            f"{info.world_size} — make the parallel degrees multiply to the number of processes",
+            field="data_parallel_shard_dim",
         )
-    if tp == 1:
-        return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
-    return init_device_mesh(info.device.type, (info.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    return build_device_mesh(dims, info.device.type)
 
 
 def shutdown(code: int = 0) -> NoReturn:

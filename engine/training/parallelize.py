@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from engine.config import ConfigError
 from engine.training.activation_checkpointing import _layers, apply_activation_checkpointing
+from engine.training.device_mesh import ParallelDims, fsdp_mesh, mesh_dims
 
 # Block submodule -> TP style. Column-parallel projections split their output features (whole heads /
 # hidden units per rank); row-parallel ones split their input features and all-reduce the output.
@@ -76,8 +77,7 @@ def _apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 def parallelize(
     model: nn.Module,
     *,
-    world_mesh: DeviceMesh | None,
-    tp: int = 1,
+    mesh: DeviceMesh | None,
     activation_checkpointing: bool | int = False,
     compile: bool = False,
     fsdp: bool = True,
@@ -90,11 +90,12 @@ def parallelize(
 
     Args:
         model: has `layers: nn.ModuleList` (on `meta` or a real device).
-        world_mesh: from `build_world_mesh` (dims "dp" or "dp","tp"); None for one process, no FSDP/TP.
-        tp: tensor-parallel degree (the mesh's "tp" size); 1 = off.
+        mesh: from `build_world_mesh` (dims `MESH_DIMS`: dp_replicate, dp_shard, cp, tp); None for
+            one process, no FSDP/TP. The degrees are read from it.
         activation_checkpointing: False, True (every block) or k (every k-th block).
         compile: `torch.compile` each block (the loss and the root run eagerly).
-        fsdp: shard parameters, gradients and optimizer state over "dp" with FSDP2.
+        fsdp: shard parameters, gradients and optimizer state with FSDP2 over dp_shard (x cp),
+            replicated over dp_replicate (HSDP when that is > 1).
         reshard_after_forward: free the gathered block weights after forward (re-gather in backward):
             less memory, one more all-gather per block.
         cpu_offload: keep sharded parameters/gradients/optimizer state in CPU memory (FSDP2).
@@ -103,29 +104,22 @@ def parallelize(
     Raises:
         ConfigError: a mesh/option mismatch, TP on an unsupported block.
     """
-    if (fsdp or tp > 1) and world_mesh is None:
+    if fsdp and mesh is None:
         raise ConfigError(
             "parallelize: fsdp/tensor parallelism need a device mesh — launch with torchrun or set fsdp=false",
             field="fsdp",
         )
-    if world_mesh is not None:
-        names = world_mesh.mesh_dim_names or ()
-        mesh_tp = world_mesh["tp"].size() if "tp" in names else 1
-        if mesh_tp != tp:
-            raise ConfigError(
-                f"tensor_parallel_dim: {tp} but the device mesh has tp={mesh_tp} — build the mesh with tp={tp}",
-                field="tensor_parallel_dim",
-            )
-    if cpu_offload and fsdp and world_mesh.device_type == "cpu":
+    if cpu_offload and fsdp and mesh.device_type == "cpu":
         raise ConfigError(
             "fsdp_cpu_offload: the parameters already live in CPU memory on a CPU run — set fsdp_cpu_offload=false",
             field="fsdp_cpu_offload",
         )
+    dims = mesh_dims(mesh) if mesh is not None else ParallelDims()
     layers = _layers(model)
 
     # 1. Tensor parallelism (needs plain nn.Linear projections).
-    if tp > 1:
-        _apply_tp(model, world_mesh["tp"])
+    if dims.tp > 1:
+        _apply_tp(model, mesh["tp"])
 
     # 2. Activation checkpointing per block.
     if activation_checkpointing:
@@ -139,8 +133,7 @@ def parallelize(
 
     # 4. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
     if fsdp:
-        dp_mesh = world_mesh["dp"] if "dp" in (world_mesh.mesh_dim_names or ()) else world_mesh
-        kwargs = {"mesh": dp_mesh}
+        kwargs = {"mesh": fsdp_mesh(mesh)}
         if param_dtype is not None or reduce_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         if cpu_offload:

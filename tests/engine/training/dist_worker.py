@@ -76,7 +76,7 @@ def fsdp_run(info):
     mesh = build_world_mesh(info)
     with torch.device("meta"):
         model = llama3_tiny()
-    parallelize(model, world_mesh=mesh, activation_checkpointing=True, fsdp=True)
+    parallelize(model, mesh=mesh, activation_checkpointing=True, fsdp=True)
     materialize_model(model, device=info.device, state_dict=tiny_decoder(seed=0).state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     loss_fn = LinearCrossEntropyLoss(chunk_size=8, reduction="sum")
@@ -112,7 +112,7 @@ def fsdp_in_backward_run(info):
     mesh = build_world_mesh(info)
     with torch.device("meta"):
         model = llama3_tiny()
-    parallelize(model, world_mesh=mesh, fsdp=True)
+    parallelize(model, mesh=mesh, fsdp=True)
     materialize_model(model, device=info.device, state_dict=tiny_decoder(seed=0).state_dict())
     opt = setup_optimizer_in_backward(model, functools.partial(torch.optim.SGD, lr=LR, momentum=0.9))
     loss_fn = LinearCrossEntropyLoss(chunk_size=8, reduction="sum")
@@ -129,7 +129,7 @@ def fsdp_in_backward_run(info):
 def tp_run(info, ref_model):
     mesh = build_world_mesh(info, tp=2)
     model = tiny_decoder(seed=0)
-    parallelize(model, world_mesh=mesh, tp=2, fsdp=False)
+    parallelize(model, mesh=mesh, fsdp=False)
     plain = tiny_decoder(seed=0)
     tokens, labels = batches()[0]
     logits, ref_logits = model(tokens), plain(tokens)

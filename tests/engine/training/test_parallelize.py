@@ -31,14 +31,14 @@ def test_fsdp2_and_tp_on_two_ranks_match_one_process():
 
 def test_single_process_ac_and_compile_flags_without_mesh():
     model = tiny_decoder()
-    parallelize(model, world_mesh=None, activation_checkpointing=2, fsdp=False)
+    parallelize(model, mesh=None, activation_checkpointing=2, fsdp=False)
     tokens = torch.randint(0, 128, (1, 8))
     torch.testing.assert_close(model(tokens), tiny_decoder()(tokens), atol=0, rtol=0)
 
 
 def test_errors_name_the_field():
     with pytest.raises(ConfigError, match="need a device mesh"):
-        parallelize(tiny_decoder(), world_mesh=None)
+        parallelize(tiny_decoder(), mesh=None)
     with torch.device("meta"):
         model = TinyDecoder()
     with pytest.raises(ConfigError, match="checkpoint or an init function"):
@@ -52,7 +52,7 @@ def test_errors_name_the_field():
 @pytest.mark.slow
 def test_compile_per_block_keeps_outputs():
     model = tiny_decoder()
-    parallelize(model, world_mesh=None, activation_checkpointing=True, compile=True, fsdp=False)
+    parallelize(model, mesh=None, activation_checkpointing=True, compile=True, fsdp=False)
     tokens = torch.randint(0, 128, (2, 16))
     torch.testing.assert_close(model(tokens), tiny_decoder()(tokens), atol=1e-5, rtol=1e-5)
 
@@ -63,7 +63,7 @@ def test_cpu_offload_refused_on_cpu_mesh():
         mesh_dim_names = ("dp",)
 
     with pytest.raises(ConfigError, match="fsdp_cpu_offload: the parameters already live in CPU memory"):
-        parallelize(tiny_decoder(), world_mesh=CpuMesh(), cpu_offload=True)
+        parallelize(tiny_decoder(), mesh=CpuMesh(), cpu_offload=True)
 
 
 def test_materialize_from_init_fn():
@@ -93,5 +93,8 @@ def test_single_process_group_and_shutdown_exit_code():
         [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "world 1 0 cpu ('dp',)" in proc.stdout
-    assert "error tensor_parallel_dim: 2 must divide the number of ranks (1)" in proc.stdout
+    assert "world 1 0 cpu ('dp_replicate', 'dp_shard', 'cp', 'tp')" in proc.stdout
+    assert (
+        "error tensor_parallel_dim: data_parallel_replicate_dim=1 x data_parallel_shard_dim=-1 x "
+        in proc.stdout
+    )
