@@ -17,7 +17,15 @@ the CLI can show it instantly. The estimate has four parts, each in bytes per ra
 Packing and compile are speed options: a packed batch has the same `batch x seq_len` tokens, and the
 estimate does not model compiled kernels' savings; both only add a note saying so.
 
-FSDP shards weights, gradients and optimizer state over `nproc` ranks; activations are per rank.
+Mesh-aware (`nproc` ranks = data_parallel_replicate x data_parallel_shard x context_parallel x
+tensor_parallel, the DeviceMesh's order): tensor parallelism splits every linear weight and the
+vocabulary-sharded embedding/output over `tp` ranks; FSDP2 then shards what a rank holds over the
+data-shard and context-parallel ranks together (context-parallel ranks hold the same weights, so they
+join the shard group, as torchtitan does); replicas (`dp_replicate`, HSDP across nodes) hold a full copy
+of the shard each, saving nothing. Activations: the batch is per data-parallel rank; context
+parallelism splits the sequence over `cp` ranks; tensor parallelism with sequence parallelism and loss
+parallelism splits every saved tensor over `tp` ranks (norm and residual tensors on the sequence, the
+attention and MLP ones on heads/features, the logits on the vocabulary).
 The figure ignores the CUDA context and allocator fragmentation (~0.5-1 GiB on a real GPU), which
 `MemoryEstimate.total_bytes` adds as `overhead_bytes`.
 """
@@ -155,7 +163,10 @@ class TrainingOptions:
     ce_chunk_tokens: int = 1024
     compile: bool = False  # speed option; memory unchanged in this estimate
     packed: bool = False  # speed option; same tokens per batch, memory unchanged
-    nproc: int = 1
+    nproc: int = 1  # world size: dp_replicate x dp_shard x cp x tp
+    dp_replicate: int = 1  # HSDP replicas (across nodes): no memory saved
+    cp: int = 1  # context-parallel ranks: the sequence split over them
+    tp: int = 1  # tensor-parallel ranks (with sequence and loss parallelism)
     sequences_per_sample: int = 1  # DPO: a chosen and a rejected row per pair, both with activations
     # (label, bytes) of other whole models the run holds frozen (DPO's reference copy of a full
     # fine-tune, the KD teacher): weights only, sharded like the policy; they save no activations
@@ -179,10 +190,27 @@ class TrainingOptions:
             if float(size) < 0:
                 raise MemoryEstimateError(f"frozen_models: {label!r} has a negative size ({size})")
         for name in (
-            "batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k", "sequences_per_sample"
+            "batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k", "sequences_per_sample",
+            "dp_replicate", "cp", "tp",
         ):  # fmt: skip
             if int(getattr(self, name)) <= 0:
                 raise MemoryEstimateError(f"{name}: must be a positive integer, got {getattr(self, name)}")
+        other = self.dp_replicate * self.cp * self.tp
+        if self.nproc % other:
+            raise MemoryEstimateError(
+                f"nproc {self.nproc}: data_parallel_replicate_dim x context_parallel_dim x tensor_parallel_dim "
+                f"= {other} must divide it; change those degrees or the process count"
+            )
+
+    @property
+    def dp_shard(self) -> int:
+        """Data-parallel shard ranks: what the world size leaves after replicas, cp and tp."""
+        return self.nproc // (self.dp_replicate * self.cp * self.tp)
+
+    @property
+    def fsdp_shards(self) -> int:
+        """Ranks one FSDP2 group shards a tensor-parallel slice over (data shard x context parallel)."""
+        return self.dp_shard * self.cp
 
 
 @dataclass(frozen=True)
@@ -291,15 +319,14 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
     optimizer = trainable * state
 
     # Other frozen models: weights only.
+    shard = float(opts.fsdp_shards * opts.tp)  # tp slices, each sharded by FSDP2; replicas save nothing
     for label, size in opts.frozen_models:
         weights += float(size)
-        notes.append(f"{label}: {float(size) / opts.nproc / GiB:.2f} GiB of frozen weights")
-
-    shard = float(opts.nproc)
+        notes.append(f"{label}: {float(size) / shard / GiB:.2f} GiB of frozen weights")
     weights, gradients, optimizer = weights / shard, gradients / shard, optimizer / shard
 
-    # Activations (per rank; the batch is per rank).
-    tokens = opts.batch_size * opts.seq_len * opts.sequences_per_sample
+    # Activations (per rank; the batch is per data-parallel rank, the sequence split over cp ranks).
+    tokens = opts.batch_size * -(-opts.seq_len // opts.cp) * opts.sequences_per_sample
     if opts.sequences_per_sample > 1:
         notes.append(
             f"{opts.sequences_per_sample} rows per sample (chosen and rejected): activations of each"
@@ -325,12 +352,13 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         kv_cache = opts.rollout_kv_tokens * shape.num_layers * 2 * shape.kv_dim * width
         notes.append(f"rollouts: KV cache {kv_cache / GiB:.2f} GiB before each training pass (not at once)")
         activations = max(activations, kv_cache)
+    activations /= opts.tp  # sequence + loss parallel: every saved tensor is split over tp ranks
     if opts.packed:
         notes.append("packing: speed option; memory unchanged")
     if opts.compile:
         notes.append("compile: speed option; memory unchanged")
     if opts.nproc > 1:
-        notes.append(f"FSDP over {opts.nproc} ranks: weights, gradients, state sharded")
+        notes.append(mesh_note(opts))
 
     return MemoryEstimate(
         weights_bytes=weights,
@@ -341,6 +369,27 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         total_params=int(total),
         overhead_bytes=float(CUDA_OVERHEAD_BYTES if overhead else 0),
         notes=notes,
+    )
+
+
+def mesh_note(opts: TrainingOptions) -> str:
+    """One line naming the mesh and what each dimension does to memory."""
+    parts = []
+    if opts.dp_replicate > 1:
+        parts.append(f"{opts.dp_replicate} replicas (HSDP)")
+    parts.append(
+        f"FSDP over {opts.fsdp_shards} ranks"
+        + (f" ({opts.dp_shard} dp x {opts.cp} cp)" if opts.cp > 1 else "")
+    )
+    if opts.cp > 1:
+        parts.append(f"sequence / {opts.cp} (context parallel)")
+    if opts.tp > 1:
+        parts.append(f"weights and activations / {opts.tp} (tensor parallel)")
+    return (
+        "mesh "
+        + " x ".join(str(d) for d in (opts.dp_replicate, opts.dp_shard, opts.cp, opts.tp))
+        + " (replicate, shard, cp, tp): "
+        + ", ".join(parts)
     )
 
 

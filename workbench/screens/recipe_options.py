@@ -399,6 +399,12 @@ def _first(cfg: dict, keys: tuple[str, ...], default: Any = None) -> Any:
     return default
 
 
+# Config keys of the DeviceMesh degrees the estimate reads, and its TrainingOptions field for each
+# (data_parallel_shard_dim is what the world size leaves; the estimate derives it).
+MESH_DEGREES = (("data_parallel_replicate_dim", "dp_replicate"), ("context_parallel_dim", "cp"),
+                ("tensor_parallel_dim", "tp"))  # fmt: skip
+
+
 def training_options(cfg: dict, nproc: int = 1, recipe: str | None = None) -> dict[str, Any]:
     """Keyword arguments for `engine.training.memory_estimate.TrainingOptions` read from a config.
 
@@ -430,6 +436,10 @@ def training_options(cfg: dict, nproc: int = 1, recipe: str | None = None) -> di
         packed=bool(control_value("packing", cfg)) and "packing" not in absent,
         nproc=1 if "nproc" in absent else max(1, int(nproc)),
     )
+    for key, option in MESH_DEGREES:  # the DeviceMesh's degrees (the estimate checks they divide nproc)
+        degree = cfg.get(key, 1)
+        if isinstance(degree, int) and degree > 1 and out["nproc"] > 1:
+            out[option] = degree
     if linear_ce and isinstance(loss.get("chunk_size"), int) and loss["chunk_size"] > 0:
         out["ce_chunk_tokens"] = loss["chunk_size"]
     if out["method"] != "full":
