@@ -13,6 +13,7 @@ HF_TO_NATIVE: dict[str, str] = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "output.weight",
+    "score.weight": "score.weight",  # *ForSequenceClassification head (engine.modules.score_decoder)
     "model.layers.{}.input_layernorm.weight": "layers.{}.sa_norm.weight",
     "model.layers.{}.post_attention_layernorm.weight": "layers.{}.mlp_norm.weight",
     "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attn.q_proj.weight",

@@ -129,7 +129,14 @@ def _materialize_rest(model: nn.Module, device: torch.device, dtype: torch.dtype
     initial values, re-derive DoRA magnitudes from the loaded base weights, quantise NF4 bases.
     Returns the names of parameters still on meta (those are missing from the checkpoint)."""
     from engine.modules.peft.lora import LoRALinear
+    from engine.modules.score_decoder import ScoreDecoder
 
+    if isinstance(model, ScoreDecoder) and model.score.weight.is_meta:
+        # a causal LM's folder: the scalar head starts fresh (normal, std 0.02, as transformers does)
+        model.score.to_empty(device=device).to(dtype=dtype or model.tok_embeddings.weight.dtype)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 0.02)
+        model.fresh_score_head = True
     for module in model.modules():
         if not isinstance(module, LoRALinear) or module.weight.is_meta:
             continue
@@ -173,7 +180,9 @@ def load_hf_weights(
         path = model_dir / file_name
         batch: dict[str, torch.Tensor] = {}
         for hf_key, tensor in _iter_tensors(path, keys, "cpu"):
-            if is_ignored_hf_key(hf_key) or (tied and hf_key == "lm_head.weight"):
+            # a tied decoder, or a scalar-head model on a causal LM's folder, has no place for lm_head
+            no_output = tied or "output.weight" not in params
+            if is_ignored_hf_key(hf_key) or (no_output and hf_key == "lm_head.weight"):
                 continue
             native = hf_to_native(hf_key)
             if native is None or native not in params:
@@ -275,7 +284,18 @@ def save_pretrained(
             loaded = getattr(model, "hf_config", None)
             if isinstance(loaded, dict) and all(loaded.get(k) == config[k] for k in _SHAPE_KEYS):
                 # Keep the source's other fields (token ids, generation settings) when sizes agree.
-                config = {**loaded, "torch_dtype": config["torch_dtype"]}
+                config = {
+                    **loaded,
+                    "torch_dtype": config["torch_dtype"],
+                    "architectures": config["architectures"],
+                }
+                config.update(
+                    {
+                        k: v
+                        for k, v in hf_config_from_model(model).items()
+                        if k in ("num_labels", "id2label", "label2id")
+                    }
+                )
                 config.pop("dtype", None)
             if config.get("tie_word_embeddings"):
                 state.pop("lm_head.weight", None)

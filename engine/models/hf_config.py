@@ -24,6 +24,21 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
 }
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+# Reward models: the same decoders with a scalar `score` head (engine.modules.score_decoder).
+SEQUENCE_CLASSIFIERS: dict[str, str] = {
+    arch.replace("ForCausalLM", "ForSequenceClassification"): family for arch, family in ARCHITECTURES.items()
+}
+ARCHITECTURES.update(SEQUENCE_CLASSIFIERS)
+
+
+def num_labels_of(config: dict) -> int | None:
+    """The head size of a `*ForSequenceClassification` config (`num_labels`, else `id2label`); None
+    for a causal LM."""
+    if not any(a in SEQUENCE_CLASSIFIERS for a in config.get("architectures") or []):
+        return None
+    if config.get("num_labels") is not None:
+        return int(config["num_labels"])
+    return len(config.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"})
 
 
 def read_hf_config(model_dir: str | os.PathLike) -> dict:
@@ -168,6 +183,12 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         "attention_bias": has_bias,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if hasattr(model, "score"):  # a reward / value model
+        labels = int(model.score.weight.shape[0])
+        config["architectures"] = [_MODEL_TYPES[family].replace("ForCausalLM", "ForSequenceClassification")]
+        config["num_labels"] = labels
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
     if family == "mistral":
         config["sliding_window"] = model.sliding_window
     if family == "qwen2":

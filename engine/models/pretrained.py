@@ -8,7 +8,7 @@ import torch
 
 from engine.checkpoint.hf_safetensors import load_hf_weights
 from engine.models._decoder_builder import LoRASettings, build_decoder
-from engine.models.hf_config import decoder_kwargs, read_hf_config, torch_dtype_of
+from engine.models.hf_config import decoder_kwargs, num_labels_of, read_hf_config, torch_dtype_of
 from engine.modules.transformer import TransformerDecoder
 
 
@@ -19,7 +19,8 @@ def from_pretrained(
     *,
     lora: LoRASettings | None = None,
 ) -> TransformerDecoder:
-    """The native decoder of a HF folder (`config.json` + safetensors), family chosen from config.
+    """The native decoder of a HF folder (`config.json` + safetensors), family chosen from config;
+    a `*ForSequenceClassification` folder gives an `engine.modules.score_decoder.ScoreDecoder`.
 
     Args:
         model_dir: the folder. dtype: compute/storage dtype (default: config's dtype, else as stored).
@@ -28,6 +29,10 @@ def from_pretrained(
     or a key/shape mismatch; the message names the file and key.
     """
     config = read_hf_config(model_dir)
+    if num_labels_of(config) is not None:  # a *ForSequenceClassification folder: a reward model
+        from engine.models.reward import reward_from_pretrained
+
+        return reward_from_pretrained(model_dir, dtype, device, lora=lora)
     kwargs = decoder_kwargs(config, source=f"{os.fspath(model_dir)}/config.json")
     with torch.device("meta"):
         model = build_decoder(**kwargs, lora=lora)
