@@ -7,6 +7,7 @@ key names, per-key dtype, shard files and index, plus config and tokenizer files
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,7 +20,13 @@ import torch
 from torch import nn
 
 from engine.checkpoint.errors import CheckpointError
-from engine.checkpoint.hf_keys import hf_to_native, is_ignored_hf_key, native_to_hf
+from engine.checkpoint.hf_keys import (
+    hf_expert_to_native,
+    hf_to_native,
+    is_ignored_hf_key,
+    native_expert_to_hf,
+    native_to_hf,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -128,6 +135,7 @@ def _materialize_rest(model: nn.Module, device: torch.device, dtype: torch.dtype
     """After base weights were assigned: give adapters (absent from base checkpoints) storage and
     initial values, re-derive DoRA magnitudes from the loaded base weights, quantise NF4 bases.
     Returns the names of parameters still on meta (those are missing from the checkpoint)."""
+    from engine.modules.moe import GroupedExperts
     from engine.modules.peft.lora import LoRALinear
     from engine.modules.score_decoder import ScoreDecoder
 
@@ -138,6 +146,15 @@ def _materialize_rest(model: nn.Module, device: torch.device, dtype: torch.dtype
             model.score.weight.normal_(0.0, 0.02)
         model.fresh_score_head = True
     for module in model.modules():
+        if isinstance(module, GroupedExperts) and not module.gate_proj.is_meta:
+            for name in module.adapter_names():
+                param = getattr(module, name)
+                if param.is_meta:
+                    target = dtype or module.gate_proj.dtype
+                    setattr(module, name, nn.Parameter(torch.empty(param.shape, device=device, dtype=target)))
+            if module.adapter_names():
+                module.initialize_adapters()
+            continue
         if not isinstance(module, LoRALinear) or module.weight.is_meta:
             continue
         factors = (module.lora_a, module.lora_b)
@@ -176,6 +193,9 @@ def load_hf_weights(
     device = torch.device(device)
     params = dict(model.named_parameters())
     tied = getattr(model, "tied", False)
+    naming = moe_naming(model)
+    stacks: dict[str, torch.Tensor] = {}  # stacked expert tensors, filled expert by expert
+    filled: dict[str, set[int]] = {}
     for file_name, keys in weight_files(model_dir).items():
         path = model_dir / file_name
         batch: dict[str, torch.Tensor] = {}
@@ -184,7 +204,11 @@ def load_hf_weights(
             no_output = tied or "output.weight" not in params
             if is_ignored_hf_key(hf_key) or (no_output and hf_key == "lm_head.weight"):
                 continue
-            native = hf_to_native(hf_key)
+            expert = hf_expert_to_native(hf_key, naming)
+            if expert is not None and expert[0] in params:
+                _fill_expert(stacks, filled, params[expert[0]], expert, tensor, path, hf_key, dtype, device)
+                continue
+            native = hf_to_native(hf_key, naming)
             if native is None or native not in params:
                 raise CheckpointError(
                     f"{path}: key {hf_key} has no place in this {type(model).__name__}; "
@@ -199,9 +223,17 @@ def load_hf_weights(
             batch[native] = tensor.to(device=device, dtype=dtype or tensor.dtype)
         model.load_state_dict(batch, strict=False, assign=True)
         del batch
+    for native, stack in stacks.items():
+        absent = sorted(set(range(stack.shape[0])) - filled[native])
+        if absent:
+            raise CheckpointError(
+                f"{model_dir}: weight {native_expert_to_hf(native, absent[0], naming)} is missing "
+                f"({len(absent)} experts of {native} missing); the checkpoint is incomplete"
+            )
+    model.load_state_dict(stacks, strict=False, assign=True)
     missing = _materialize_rest(model, device, dtype)
     if missing:
-        hf_missing = native_to_hf(missing[0]) or missing[0]
+        hf_missing = native_to_hf(missing[0], naming) or missing[0]
         raise CheckpointError(
             f"{model_dir}: weight {hf_missing} is missing ({len(missing)} missing in all); "
             "the checkpoint is incomplete or for another architecture"
@@ -212,14 +244,46 @@ def load_hf_weights(
     return model
 
 
+def moe_naming(model: nn.Module) -> str | None:
+    """The HF key spelling of a mixture-of-experts model (`qwen3_moe`, `mixtral`), None if dense."""
+    from engine.modules.moe import moe_layers
+
+    layers = moe_layers(model)
+    return layers[0].settings.naming if layers else None
+
+
+def _fill_expert(stacks, filled, param, expert, tensor, path, hf_key, dtype, device) -> None:
+    native, index = expert
+    expected = tuple(param.shape[1:])
+    if tuple(tensor.shape) != expected or index >= param.shape[0]:
+        raise CheckpointError(
+            f"{path}: key {hf_key} has shape {tuple(tensor.shape)} (expert {index}), the model expects "
+            f"{expected} for each of {param.shape[0]} experts; config.json and the weights disagree"
+        )
+    if native not in stacks:
+        stacks[native] = torch.empty(param.shape, dtype=dtype or tensor.dtype, device=device)
+        filled[native] = set()
+    stacks[native][index].copy_(tensor)
+    filled[native].add(index)
+
+
 # ---- saving ----------------------------------------------------------------------------------
 def _hf_tensor_getters(model: nn.Module) -> dict[str, Callable[[], torch.Tensor]]:
     """HF key -> function returning the (adapter-merged, dequantised) tensor, computed on demand."""
+    from engine.modules.moe import GroupedExperts
     from engine.modules.peft.utils import merged_tensor_getters
 
+    naming = moe_naming(model)
+    experts = {name: m for name, m in model.named_modules() if isinstance(m, GroupedExperts)}
     out: dict[str, Callable[[], torch.Tensor]] = {}
     for key, getter in merged_tensor_getters(model).items():
-        hf_key = native_to_hf(key)
+        module_name, _, local = key.rpartition(".")
+        if module_name in experts:  # one HF key per expert, merged one expert at a time
+            stack = experts[module_name]
+            for e in range(stack.num_experts):
+                out[native_expert_to_hf(key, e, naming)] = functools.partial(stack.merged_expert, local, e)
+            continue
+        hf_key = native_to_hf(key, naming)
         if hf_key is None:
             raise CheckpointError(f"model parameter {key} has no Hugging Face name; it cannot be exported")
         out[hf_key] = getter

@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.modules.attention import GroupedQueryAttention
 from engine.modules.feed_forward import FeedForward
+from engine.modules.moe import GroupedExperts, MoE, MoESettings
 from engine.modules.peft.lora import LoRALinear
 from engine.modules.rms_norm import RMSNorm
 from engine.modules.rotary import Llama3RopeScaling, RotaryEmbedding
@@ -35,6 +36,8 @@ class LoRASettings:
     lora_dropout: float = 0.0
     quantize_base: bool = False
     use_dora: bool = False
+    apply_lora_to_experts: bool = False  # MoE: stacked adapters per expert (experts' base frozen)
+    train_router: bool = False  # MoE: the router trains with the adapters
 
     def __post_init__(self) -> None:
         mods = self.lora_attn_modules
@@ -66,6 +69,20 @@ def _linear(in_dim: int, out_dim: int, bias: bool, lora: LoRASettings | None, ad
     )
 
 
+def _moe(embed_dim: int, moe: MoESettings, lora: LoRASettings | None) -> MoE:
+    adapt = bool(lora and lora.apply_lora_to_experts)
+    experts = GroupedExperts(
+        moe.num_experts,
+        embed_dim,
+        moe.moe_intermediate_dim,
+        lora_rank=lora.lora_rank if adapt else 0,
+        lora_alpha=lora.lora_alpha if adapt else 16.0,
+    )
+    block = MoE(router=nn.Linear(embed_dim, moe.num_experts, bias=False), experts=experts, settings=moe)
+    block.router_trainable = bool(lora and lora.train_router)  # trains with the adapters
+    return block
+
+
 def build_decoder(
     *,
     vocab_size: int,
@@ -84,9 +101,10 @@ def build_decoder(
     tie_word_embeddings: bool = False,
     sliding_window: int | None = None,
     attn_dropout: float = 0.0,
+    moe: MoESettings | None = None,
     lora: LoRASettings | None = None,
 ) -> TransformerDecoder:
-    """Assemble a pre-norm GQA/SwiGLU/RMSNorm decoder. `head_dim` defaults to embed_dim // num_heads.
+    """Assemble a pre-norm GQA/SwiGLU/RMSNorm decoder (every MLP a mixture of experts with `moe`). `head_dim` defaults to embed_dim // num_heads.
 
     Raises ValueError for a size that is not a positive integer, LoRA on a tied output projection
     (the adapter would also change the input embedding) and for inconsistent head counts.
@@ -128,11 +146,14 @@ def build_decoder(
             k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
             attn_dropout=attn_dropout,
         )
-        mlp = FeedForward(
-            gate_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
-            up_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
-            down_proj=_linear(intermediate_dim, embed_dim, False, lora, mlp_adapted),
-        )
+        if moe is not None:
+            mlp = _moe(embed_dim, moe, lora)
+        else:
+            mlp = FeedForward(
+                gate_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
+                up_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
+                down_proj=_linear(intermediate_dim, embed_dim, False, lora, mlp_adapted),
+            )
         layers.append(
             TransformerBlock(
                 attn=attn,

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from engine.models import llama2, llama3, mistral, qwen2, qwen3, smollm2
+from engine.models import llama2, llama3, mistral, mixtral, qwen2, qwen3, qwen3_moe, smollm2
+from engine.modules.moe import moe_layers
 
 _LLAMA2 = "Llama 2 Community License"
 _APACHE = "Apache-2.0"
@@ -57,6 +58,10 @@ PRESETS: dict[str, _Entry] = {
     "qwen3_32b": _Entry(qwen3.qwen3_32b, "Qwen3", _APACHE, "Qwen/Qwen3-32B"),
     "mistral_7b": _Entry(mistral.mistral_7b, "Mistral", _APACHE, "mistralai/Mistral-7B-v0.1"),
     "mistral_7b_v0_3": _Entry(mistral.mistral_7b_v0_3, "Mistral", _APACHE, "mistralai/Mistral-7B-v0.3"),
+    "qwen3_moe_30b_a3b": _Entry(qwen3_moe.qwen3_moe_30b_a3b, "Qwen3-MoE", _APACHE, "Qwen/Qwen3-30B-A3B"),
+    "qwen3_moe_235b_a22b": _Entry(qwen3_moe.qwen3_moe_235b_a22b, "Qwen3-MoE", _APACHE, "Qwen/Qwen3-235B-A22B"),
+    "mixtral_8x7b": _Entry(mixtral.mixtral_8x7b, "Mixtral", _APACHE, "mistralai/Mixtral-8x7B-v0.1"),
+    "mixtral_8x22b": _Entry(mixtral.mixtral_8x22b, "Mixtral", _APACHE, "mistralai/Mixtral-8x22B-v0.1"),
     "smollm2_135m": _Entry(smollm2.smollm2_135m, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-135M"),
     "smollm2_360m": _Entry(smollm2.smollm2_360m, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-360M"),
     "smollm2_1_7b": _Entry(smollm2.smollm2_1_7b, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-1.7B"),
@@ -66,12 +71,16 @@ PRESETS: dict[str, _Entry] = {
     "qwen2_tiny": _Entry(qwen2.qwen2_tiny, "Qwen2", _APACHE, None),
     "qwen3_tiny": _Entry(qwen3.qwen3_tiny, "Qwen3", _APACHE, None),
     "mistral_tiny": _Entry(mistral.mistral_tiny, "Mistral", _APACHE, None),
+    "qwen3_moe_tiny": _Entry(qwen3_moe.qwen3_moe_tiny, "Qwen3-MoE", _APACHE, None),
+    "mixtral_tiny": _Entry(mixtral.mixtral_tiny, "Mixtral", _APACHE, None),
 }  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ModelCard:
-    """What the model browser shows for one preset. `params` counts tied weights once."""
+    """What the model browser shows for one preset. `params` counts tied weights once; for a mixture
+    of experts `intermediate_dim` is one expert's hidden size and `active_params` counts the weights
+    one token runs through (`experts_per_token` of `num_experts` per layer; equal to `params` if dense)."""
 
     name: str
     family: str
@@ -88,6 +97,9 @@ class ModelCard:
     licence: str
     hub_id: str | None
     builder: str  # `_component_` path of the zero-argument preset
+    active_params: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,13 +115,21 @@ def model_card(name: str) -> ModelCard:
         model = entry.builder()
     attn = model.layers[0].attn
     vocab, dim = model.tok_embeddings.weight.shape
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields shared ones once
+    moe = moe_layers(model)
+    if moe:
+        per_expert = sum(p[0].numel() for p in moe[0].experts.parameters())
+        idle = sum((m.num_experts - m.top_k) * per_expert for m in moe)
+        hidden = moe[0].settings.moe_intermediate_dim
+    else:
+        idle, hidden = 0, int(model.layers[0].mlp.gate_proj.weight.shape[0])
     return ModelCard(
         name=name,
         family=entry.family,
-        params=sum(p.numel() for p in model.parameters()),  # parameters() yields shared ones once
+        params=params,
         layers=len(model.layers),
         embed_dim=int(dim),
-        intermediate_dim=int(model.layers[0].mlp.gate_proj.weight.shape[0]),
+        intermediate_dim=hidden,
         num_heads=attn.num_heads,
         num_kv_heads=attn.num_kv_heads,
         head_dim=attn.head_dim,
@@ -119,6 +139,9 @@ def model_card(name: str) -> ModelCard:
         licence=entry.licence,
         hub_id=entry.hub_id,
         builder=f"{entry.builder.__module__}.{entry.builder.__name__}",
+        active_params=params - idle,
+        num_experts=moe[0].num_experts if moe else 0,
+        experts_per_token=moe[0].top_k if moe else 0,
     )
 
 

@@ -1,7 +1,8 @@
 """`config.json` of a Hugging Face model <-> arguments of `build_decoder`.
 
 Supported architectures: LlamaForCausalLM (Llama 2/3.x, SmolLM2), Qwen2ForCausalLM (Qwen2/2.5),
-Qwen3ForCausalLM, MistralForCausalLM. Reads both the transformers 4 (`rope_theta`,
+Qwen3ForCausalLM, MistralForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM and
+MixtralForCausalLM (their `moe` argument). Reads both the transformers 4 (`rope_theta`,
 `rope_scaling`) and 5 (`rope_parameters`) spellings.
 """
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from engine.checkpoint.errors import CheckpointError
+from engine.modules.moe import MoESettings, moe_layers
 from engine.modules.rotary import Llama3RopeScaling
 
 ARCHITECTURES: dict[str, str] = {
@@ -22,7 +24,10 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "MistralForCausalLM": "mistral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
 # Reward models: the same decoders with a scalar `score` head (engine.modules.score_decoder).
 SEQUENCE_CLASSIFIERS: dict[str, str] = {
@@ -56,7 +61,7 @@ def read_hf_config(model_dir: str | os.PathLike) -> dict:
 
 
 def family_of(config: dict, source: str = "config.json") -> str:
-    """`llama`, `qwen2`, `qwen3` or `mistral`. Raises CheckpointError for anything else."""
+    """`llama`, `qwen2`, `qwen3`, `mistral`, `qwen3_moe` or `mixtral`. Raises CheckpointError for anything else."""
     archs = config.get("architectures") or []
     for arch in archs:
         if arch in ARCHITECTURES:
@@ -105,27 +110,59 @@ def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
             raise CheckpointError(f"{source}: use_sliding_window=true is not supported for Qwen2")
         rope_base, rope_scaling = _rope(config, source)
         heads = int(config["num_attention_heads"])
+        moe = _moe_settings(config, family, source)
         return dict(
             vocab_size=int(config["vocab_size"]),
             num_layers=int(config["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             embed_dim=int(config["hidden_size"]),
-            intermediate_dim=int(config["intermediate_size"]),
+            intermediate_dim=moe.moe_intermediate_dim if moe else int(config["intermediate_size"]),
             max_seq_len=int(config.get("max_position_embeddings", 4096)),
             head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
             norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_base=rope_base,
             rope_scaling=rope_scaling,
             attn_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            sliding_window=config.get("sliding_window") if family == "mistral" else None,
+            sliding_window=config.get("sliding_window") if family in ("mistral", "mixtral") else None,
+            moe=moe,
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: field {exc.args[0]} is missing; re-download config.json") from None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{source}: a size field is not a number ({exc}); fix config.json") from None
+
+
+def _moe_settings(config: dict, family: str, source: str) -> MoESettings | None:
+    if family not in MOE_FAMILIES:
+        return None
+    if family == "qwen3_moe":
+        if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
+            raise CheckpointError(
+                f"{source}: dense layers among the experts (mlp_only_layers / decoder_sparse_step) are "
+                "not supported; every layer must be a mixture of experts"
+            )
+        if config.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: use_sliding_window=true is not supported for Qwen3-MoE")
+    elif float(config.get("router_jitter_noise") or 0.0) != 0.0:
+        raise CheckpointError(f"{source}: router_jitter_noise is not supported; set it to 0.0")
+    experts = config.get("num_experts", config.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("num_experts")
+    hidden = config["moe_intermediate_size"] if family == "qwen3_moe" else config["intermediate_size"]
+    try:
+        return MoESettings(
+            num_experts=int(experts),
+            top_k=int(config["num_experts_per_tok"]),
+            moe_intermediate_dim=int(hidden),
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)) if family == "qwen3_moe" else True,
+            router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
+            naming=family,
+        )
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
 
 
 def torch_dtype_of(config: dict) -> torch.dtype | None:
@@ -141,7 +178,10 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
     q_proj = attn.q_proj
     has_bias = getattr(q_proj, "bias", None) is not None
     qk_norm = attn.q_norm is not None
-    if qk_norm:
+    moe = moe_layers(model)
+    if moe:
+        family = moe[0].settings.naming
+    elif qk_norm:
         family = "qwen3"
     elif has_bias:
         family = "qwen2"
@@ -168,7 +208,12 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         "model_type": family,
         "vocab_size": int(vocab),
         "hidden_size": int(dim),
-        "intermediate_size": int(model.layers[0].mlp.gate_proj.weight.shape[0]),
+        # An all-sparse Qwen3-MoE never uses its dense size; experts x k is what the presets declare.
+        "intermediate_size": int(
+            model.layers[0].mlp.gate_proj.weight.shape[0]
+            if not moe
+            else moe[0].settings.moe_intermediate_dim * moe[0].settings.top_k
+        ),
         "num_hidden_layers": len(model.layers),
         "num_attention_heads": attn.num_heads,
         "num_key_value_heads": attn.num_kv_heads,
@@ -189,8 +234,24 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         config["num_labels"] = labels
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         config["sliding_window"] = model.sliding_window
+    if moe:
+        settings = moe[0].settings
+        config["num_experts_per_tok"] = settings.top_k
+        config["router_aux_loss_coef"] = settings.router_aux_loss_coef
+        config["output_router_logits"] = False
+        if family == "mixtral":
+            config["num_local_experts"] = settings.num_experts
+            config["intermediate_size"] = settings.moe_intermediate_dim
+            config["router_jitter_noise"] = 0.0
+        else:
+            config["num_experts"] = settings.num_experts
+            config["moe_intermediate_size"] = settings.moe_intermediate_dim
+            config["norm_topk_prob"] = settings.norm_topk_prob
+            config["decoder_sparse_step"] = 1
+            config["mlp_only_layers"] = []
+            config["use_sliding_window"] = False
     if family == "qwen2":
         config["use_sliding_window"] = False
     return config

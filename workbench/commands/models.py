@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         for c in presets:
             heads = f"{c['num_heads']}/{c['num_kv_heads']}"
             print(
-                f"{c['name']:<18} {c['family']:<10} {_params(c['params']):>7} {c['layers']:>6} {c['embed_dim']:>5} "
+                f"{c['name']:<18} {c['family']:<10} {_params(c['params']) + ('/' + _params(c['active_params']) if c.get('num_experts') else ''):>7} {c['layers']:>6} {c['embed_dim']:>5} "
                 f"{heads:>7} {c['vocab_size']:>7} {c['context_length']:>7}  {c['hub_id'] or '-'}"
             )
         print()

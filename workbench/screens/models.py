@@ -113,7 +113,7 @@ class ModelsScreen(Screen):
                 (
                     str(_get(card, "name", "preset")),
                     str(_get(card, "family") or "-"),
-                    human_count(_get(card, "num_params", "params", "parameters")),
+                    _params_text(card),
                     str(_get(card, "num_layers", "layers") or "-"),
                     str(_get(card, "dim", "embed_dim", "hidden_size") or "-"),
                     f"{heads}/{kv}" if heads else "-",
@@ -168,3 +168,10 @@ class ModelsScreen(Screen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+
+def _params_text(card: Any) -> str:
+    """Total parameters, and for a mixture of experts those active per token (`30.5B (3.3B act)`)."""
+    total = human_count(_get(card, "num_params", "params", "parameters"))
+    active, experts = _get(card, "active_params"), _get(card, "num_experts")
+    return f"{total} ({human_count(active)} act)" if experts and active else total

@@ -9,19 +9,27 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from engine.modules.moe import GroupedExperts, MoE
 from engine.modules.peft.lora import LoRALinear, dequantize
 
 ADAPTER_PARAM_NAMES = ("lora_a.weight", "lora_b.weight", "magnitude")
 
 
 def get_adapter_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    """Adapter parameters by fully qualified name (`layers.0.attn.q_proj.lora_a.weight`, ...)."""
+    """Adapter parameters by fully qualified name (`layers.0.attn.q_proj.lora_a.weight`, ...):
+    LoRA/DoRA linears, stacked expert adapters and MoE routers built to train with them."""
     params: dict[str, nn.Parameter] = {}
     for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
         if isinstance(module, LoRALinear):
             for local, p in module.named_parameters():
                 if local in ADAPTER_PARAM_NAMES:
-                    params[f"{module_name}.{local}" if module_name else local] = p
+                    params[prefix + local] = p
+        elif isinstance(module, GroupedExperts):
+            for local in module.adapter_names():
+                params[prefix + local] = getattr(module, local)
+        elif isinstance(module, MoE) and getattr(module, "router_trainable", False):
+            params[prefix + "router.weight"] = module.router.weight
     return params
 
 
@@ -43,7 +51,7 @@ def set_trainable_params(model: nn.Module, names: Iterable[str]) -> None:
 def disable_adapters(model: nn.Module) -> Iterator[None]:
     """Within the block every LoRA/DoRA layer computes its frozen base only (the DPO reference
     policy without a second copy of the model). Restores each layer's previous state on exit."""
-    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear | GroupedExperts)]
     previous = [m.disabled for m in layers]
     for m in layers:
         m.disabled = True
@@ -59,10 +67,15 @@ def merged_tensor_getters(model: nn.Module) -> dict[str, Callable[[], torch.Tens
     so a writer can merge one shard at a time instead of holding a merged copy of the model."""
     getters: dict[str, Callable[[], torch.Tensor]] = {}
     lora_modules = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    experts = {name: m for name, m in model.named_modules() if isinstance(m, GroupedExperts)}
     for key, value in model.state_dict(keep_vars=True).items():
         module_name, _, local = key.rpartition(".")
         owner = lora_modules.get(module_name)
-        if owner is None:
+        stack = experts.get(module_name)
+        if stack is not None:
+            if local not in stack.adapter_names():  # adapters are folded into their stacked base
+                getters[key] = functools.partial(_merged_stack, stack, local)
+        elif owner is None:
             parent, _, child = module_name.rpartition(".")
             if parent in lora_modules and child in ("lora_a", "lora_b"):
                 continue  # adapter factors are folded into the base weight
@@ -76,6 +89,16 @@ def merged_tensor_getters(model: nn.Module) -> dict[str, Callable[[], torch.Tens
 
 def _detached(value: torch.Tensor) -> torch.Tensor:
     return dequantize(value.detach())
+
+
+@torch.no_grad()
+def _merged_stack(experts: GroupedExperts, name: str) -> torch.Tensor:
+    was_disabled = experts.disabled
+    experts.disabled = False
+    try:
+        return experts.merged(name).detach()
+    finally:
+        experts.disabled = was_disabled
 
 
 @torch.no_grad()

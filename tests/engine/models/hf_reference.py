@@ -39,6 +39,14 @@ def hf_config(family: str, **overrides):
         return transformers.Qwen3Config(**sizes, head_dim=24, tie_word_embeddings=True)
     if family == "mistral":
         return transformers.MistralConfig(**sizes, sliding_window=6)
+    if family == "qwen3_moe":
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+        return transformers.Qwen3MoeConfig(
+            **{**sizes, **moe, **overrides}, head_dim=16, tie_word_embeddings=False
+        )
+    if family == "mixtral":
+        moe = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)
+        return transformers.MixtralConfig(**{**sizes, **moe, **overrides})
     raise ValueError(family)
 
 

@@ -22,12 +22,44 @@ PUBLISHED = {
     "mistral_7b": 7_241_732_096,
     "smollm2_135m": 134_515_008,
     "smollm2_360m": 361_821_120,
+    "qwen3_moe_30b_a3b": 30_532_122_624,
+    "mixtral_8x7b": 46_702_792_704,
+    "mixtral_8x22b": 140_630_071_296,
+}
+# Parameters per token as the model pages round them (Qwen3 "3.3B/22B activated", Mixtral "12.9B/39B").
+PUBLISHED_ACTIVE_B = {
+    "qwen3_moe_30b_a3b": 3.3,
+    "qwen3_moe_235b_a22b": 22.2,
+    "mixtral_8x7b": 12.9,
+    "mixtral_8x22b": 39.2,
 }
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_parameter_counts(name):
     assert model_card(name).params == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE_B))
+def test_moe_active_parameters(name):
+    card = model_card(name)
+    assert abs(card.active_params / 1e9 - PUBLISHED_ACTIVE_B[name]) < 0.06
+    assert card.num_experts in (8, 128) and card.experts_per_token in (2, 8)
+
+
+def test_dense_cards_have_all_parameters_active():
+    card = model_card("qwen3_8b")
+    assert (card.active_params, card.num_experts) == (card.params, 0)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe_30b_a3b", "mixtral_8x7b", "qwen3_moe_tiny", "mixtral_tiny"])
+def test_transformers_builds_the_same_moe_size(name):
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        ours = PRESETS[name].builder()
+        config = transformers.AutoConfig.for_model(**hf_config_from_model(ours))
+        theirs = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in theirs.parameters()) == model_card(name).params
 
 
 @pytest.mark.parametrize("name", ["smollm2_135m", "qwen3_0_6b", "qwen2_5_1_5b", "llama3_2_1b", "mistral_7b"])

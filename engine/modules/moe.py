@@ -1,0 +1,300 @@
+"""Mixture-of-experts feed-forward: a top-k router and stacked SwiGLU experts run as one grouped GEMM.
+
+Every routed token is computed (no capacity, nothing dropped): the `T*k` (token, expert) pairs are
+sorted by expert once, each expert multiplies its contiguous slice, and the weighted outputs are
+added back to their tokens. On CUDA the slices run as one `torch.nn.functional.grouped_mm` (or the
+older `torch._grouped_mm`), probed once per device/dtype against the loop; elsewhere, and for shapes
+the kernel refuses, an exact per-expert loop over the same sorted slices.
+
+Router orders (both as in transformers): Qwen3-MoE takes softmax over all experts, the top-k, and
+renormalises the k weights only when `norm_topk_prob`; Mixtral always renormalises (equal to its
+original top-k-of-logits then softmax).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EXPERT_PROJS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class MoESettings:
+    """What makes a decoder's MLPs mixtures of experts (see `MoE`).
+
+    `naming` picks the Hugging Face key spelling (`qwen3_moe`: `mlp.experts.{e}.gate_proj`,
+    `mixtral`: `block_sparse_moe.experts.{e}.w1`); `router_aux_loss_coef` and `router_z_loss_coef`
+    weigh the auxiliary losses a recipe adds to its loss (`moe_aux_loss`).
+    """
+
+    num_experts: int
+    top_k: int
+    moe_intermediate_dim: int
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+    naming: str = "qwen3_moe"
+
+    def __post_init__(self) -> None:
+        for field in ("num_experts", "top_k", "moe_intermediate_dim"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field}: must be a positive integer, got {value!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts}); lower num_experts_per_tok"
+            )
+        for field in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field}: must be >= 0, got {getattr(self, field)!r}")
+        if self.naming not in ("qwen3_moe", "mixtral"):
+            raise ValueError(f"naming: {self.naming!r} is not one of qwen3_moe, mixtral")
+
+
+# ---- grouped GEMM ---------------------------------------------------------------------------------
+def _grouped_mm_op():
+    """The grouped GEMM torch offers (public name first), or None."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def _loop_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    # x: [N,in] sorted by group, w: [G,out,in] -> [N,out]
+    parts = torch.split(x, counts)
+    return torch.cat([part @ w[g].transpose(0, 1) for g, part in enumerate(parts)])
+
+
+@functools.cache
+def grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether the grouped GEMM runs forward and backward on `device_type`/`dtype` and equals the
+    loop (probed once, lazily; CUDA only: elsewhere the loop is the exact reference)."""
+    op = _grouped_mm_op()
+    if op is None or device_type != "cuda":
+        return False
+    try:
+        g = torch.Generator(device=device_type).manual_seed(0)
+        x = torch.randn(48, 32, device=device_type, dtype=dtype, generator=g).requires_grad_()
+        w = torch.randn(3, 16, 32, device=device_type, dtype=dtype, generator=g).requires_grad_()
+        counts = [16, 0, 32]
+        offs = torch.tensor(counts, device=device_type).cumsum(0).to(torch.int32)
+        got = op(x, w.transpose(-2, -1), offs=offs)
+        got.sum().backward()
+        want = _loop_mm(x.detach().float(), w.detach().float(), counts)
+        return bool(torch.allclose(got.float(), want, atol=0.1, rtol=0.05)) and x.grad is not None
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def grouped_mm(
+    x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, counts_list: list[int]
+) -> torch.Tensor:
+    """`cat_g(x_g @ w[g].T)` for `x` `[N,in]` sorted into groups of `counts` rows, `w` `[G,out,in]`."""
+    out_dim, in_dim = w.shape[-2:]
+    aligned = out_dim % 8 == 0 and in_dim % 8 == 0
+    if aligned and x.shape[0] > 0 and grouped_mm_works(x.device.type, x.dtype) and w.dtype == x.dtype:
+        offs = counts.cumsum(0).to(torch.int32)
+        return _grouped_mm_op()(x, w.transpose(-2, -1), offs=offs)
+    return _loop_mm(x, w, counts_list)
+
+
+# ---- modules --------------------------------------------------------------------------------------
+class GroupedExperts(nn.Module):
+    """`num_experts` SwiGLU experts held stacked: `gate_proj`, `up_proj` `[E,H,D]`, `down_proj` `[E,D,H]`.
+
+    With `lora_rank`, each projection gets stacked adapters `<proj>_lora_a` `[E,r,in]` and
+    `<proj>_lora_b` `[E,out,r]` (B = 0 at start, one adapter per expert) and the base is frozen.
+    `forward(x [N,D] sorted by expert, counts [E] long) -> [N,D]`.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        dim: int,
+        hidden_dim: int,
+        *,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+    ) -> None:
+        super().__init__()
+        self.num_experts, self.dim, self.hidden_dim = num_experts, dim, hidden_dim
+        self.lora_rank = lora_rank
+        self.scale = lora_alpha / lora_rank if lora_rank else 0.0
+        self.disabled = False
+        shapes = {
+            "gate_proj": (hidden_dim, dim),
+            "up_proj": (hidden_dim, dim),
+            "down_proj": (dim, hidden_dim),
+        }
+        for name, (out_dim, in_dim) in shapes.items():
+            weight = nn.Parameter(torch.empty(num_experts, out_dim, in_dim), requires_grad=not lora_rank)
+            self.register_parameter(name, weight)
+            if lora_rank:
+                self.register_parameter(
+                    f"{name}_lora_a", nn.Parameter(torch.empty(num_experts, lora_rank, in_dim))
+                )
+                self.register_parameter(
+                    f"{name}_lora_b", nn.Parameter(torch.empty(num_experts, out_dim, lora_rank))
+                )
+        if not self.gate_proj.is_meta:
+            self.reset_parameters()
+
+    def adapter_names(self) -> tuple[str, ...]:
+        """Local names of the adapter parameters (empty without LoRA)."""
+        if not self.lora_rank:
+            return ()
+        return tuple(f"{p}_lora_{s}" for p in EXPERT_PROJS for s in ("a", "b"))
+
+    def reset_parameters(self) -> None:
+        """Base weights as a linear layer of each expert would start; adapters: A Kaiming, B = 0."""
+        for name in EXPERT_PROJS:
+            weight = getattr(self, name)
+            bound = 1 / math.sqrt(weight.shape[-1])
+            nn.init.uniform_(weight, -bound, bound)
+        self.initialize_adapters()
+
+    def initialize_adapters(self) -> None:
+        for name in EXPERT_PROJS if self.lora_rank else ():
+            a, b = getattr(self, f"{name}_lora_a"), getattr(self, f"{name}_lora_b")
+            bound = 1 / math.sqrt(a.shape[-1])  # kaiming_uniform(a=sqrt(5)) of each [r,in] slice
+            nn.init.uniform_(a, -bound, bound)
+            nn.init.zeros_(b)
+
+    def merged(self, name: str) -> torch.Tensor:
+        """The effective stacked weight of projection `name`: base + scale * B @ A (differentiable)."""
+        base = getattr(self, name)
+        if not self.lora_rank or self.disabled:
+            return base
+        delta = torch.bmm(getattr(self, f"{name}_lora_b"), getattr(self, f"{name}_lora_a"))
+        return base + (self.scale * delta).to(base.dtype)
+
+    def merged_expert(self, name: str, expert: int) -> torch.Tensor:
+        """`[out,in]` effective weight of one expert's projection `name` (no gradient)."""
+        with torch.no_grad():
+            base = getattr(self, name)[expert]
+            if not self.lora_rank or self.disabled:
+                return base.detach()
+            a, b = getattr(self, f"{name}_lora_a")[expert], getattr(self, f"{name}_lora_b")[expert]
+            return base + (self.scale * (b @ a)).to(base.dtype)
+
+    def _project(
+        self, name: str, x: torch.Tensor, counts: torch.Tensor, counts_list: list[int]
+    ) -> torch.Tensor:
+        out = grouped_mm(x, getattr(self, name), counts, counts_list)
+        if self.lora_rank and not self.disabled:
+            a, b = getattr(self, f"{name}_lora_a"), getattr(self, f"{name}_lora_b")
+            low = grouped_mm(x, a.to(x.dtype), counts, counts_list)  # [N,r]
+            out = out + grouped_mm(low, b.to(x.dtype), counts, counts_list) * self.scale
+        return out
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # x: [N,D] sorted by expert; counts: [E] rows per expert -> [N,D]
+        counts_list = counts.tolist()
+        h = F.silu(self._project("gate_proj", x, counts, counts_list))
+        h = h * self._project("up_proj", x, counts, counts_list)  # [N,H]
+        return self._project("down_proj", h, counts, counts_list)
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, dim={self.dim}, hidden_dim={self.hidden_dim}, lora_rank={self.lora_rank}"
+
+
+@dataclass
+class RouterStats:
+    """One forward's routing figures for the auxiliary losses (fp32)."""
+
+    counts: torch.Tensor  # [E] top-k assignments per expert (no gradient)
+    prob_sum: torch.Tensor  # [E] router probabilities summed over tokens
+    tokens: int
+    z_sum: torch.Tensor  # [] sum over tokens of logsumexp(logits)^2
+
+
+class MoE(nn.Module):
+    """Router + experts: `forward(x [B,S,D]) -> [B,S,D]`; the last forward's `RouterStats` in `stats`.
+
+    Args:
+        router (nn.Linear): `D -> E`, no bias. experts (GroupedExperts). settings (MoESettings).
+    `dispatcher` (None: all experts are local) is set by expert parallelism
+    (`engine.training.expert_parallel`): it runs the sorted tokens through experts held on other ranks.
+    """
+
+    def __init__(self, *, router: nn.Linear, experts: GroupedExperts, settings: MoESettings) -> None:
+        super().__init__()
+        self.router = router
+        self.experts = experts
+        self.settings = settings
+        self.num_experts = settings.num_experts
+        self.top_k = settings.top_k
+        self.normalize = settings.norm_topk_prob or settings.naming == "mixtral"
+        self.dispatcher = None
+        self.stats: RouterStats | None = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`x [T,D] -> (logits [T,E], weights [T,k] in x's dtype, experts [T,k] long)`."""
+        logits = self.router(x)  # [T,E]
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        with torch.no_grad():
+            counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).float()
+        self.stats = RouterStats(
+            counts=counts,
+            prob_sum=probs.sum(dim=0),
+            tokens=x.shape[0],
+            z_sum=torch.logsumexp(logits.float(), dim=-1).pow(2).sum(),
+        )
+        return logits, weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # [T,D]
+        _, weights, experts = self.route(flat)
+        flat_experts = experts.reshape(-1)  # [T*k]
+        order = torch.argsort(flat_experts, stable=True)  # (token, slot) pairs grouped by expert
+        token_of = order // self.top_k  # [T*k]
+        counts = torch.bincount(flat_experts, minlength=self.num_experts)  # [E]
+        routed = flat[token_of]  # [T*k,D]
+        if self.dispatcher is None:
+            out = self.experts(routed, counts)
+        else:
+            out = self.dispatcher(self.experts, routed, counts)
+        out = out * weights.reshape(-1)[order, None]
+        combined = torch.zeros_like(flat).index_add_(0, token_of, out)
+        return combined.reshape(shape)
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def moe_aux_loss(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(load_balancing_loss, z_loss)` of the model's last forward, or None for a dense model.
+
+    Load balancing as transformers' `load_balancing_loss_func` (Switch Transformer, eqs. 4-6, with
+    counts and probabilities pooled over all layers): `E * sum_e f_e * P_e`, where `f_e` is the top-k
+    assignments of expert e per routed row and `P_e` its mean router probability. The z-loss is the
+    mean over layers and tokens of `logsumexp(logits)^2` (ST-MoE). Unweighted: see `weighted_aux_loss`.
+    """
+    layers = moe_layers(model)
+    if not layers or any(m.stats is None for m in layers):
+        return None
+    rows = sum(m.stats.tokens for m in layers)
+    counts = torch.stack([m.stats.counts for m in layers]).sum(0) / rows  # [E]
+    probs = torch.stack([m.stats.prob_sum for m in layers]).sum(0) / rows  # [E]
+    balance = layers[0].num_experts * (counts * probs).sum()
+    z = torch.stack([m.stats.z_sum for m in layers]).sum() / rows
+    return balance, z
+
+
+def weighted_aux_loss(model: nn.Module) -> torch.Tensor | None:
+    """`router_aux_loss_coef * balance + router_z_loss_coef * z` of the last forward (None if dense)."""
+    losses = moe_aux_loss(model)
+    if losses is None:
+        return None
+    settings = moe_layers(model)[0].settings
+    balance, z = losses
+    return settings.router_aux_loss_coef * balance + settings.router_z_loss_coef * z
