@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from engine.checkpoint.layout import latest_checkpoint_step
 from engine.tracking.db import open_db, write_tx
 from engine.tracking.paths import db_path, ensure_private_dir, run_dir, tunebench_home
 from engine.tracking.readers import active_runs, get_run
@@ -29,7 +30,6 @@ from workbench.errors import UserError
 
 CONFIG_NAME = "config.yaml"
 LOST_ERROR = "process lost: its supervisor and processes vanished without recording an end"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 # -- registering ---------------------------------------------------------------------------------------
@@ -286,13 +286,6 @@ def signal_ranks(run: RunRecord, sig: int) -> list:
 
 
 # -- resume, clone, export -----------------------------------------------------------------------------
-def latest_checkpoint_step(output_dir: str | os.PathLike) -> int | None:
-    """N of the newest complete `output_dir/checkpoints/step_<N>/` (temp folders ignored), or None."""
-    root = Path(output_dir) / "checkpoints"
-    steps = [int(m.group(1)) for p in root.glob("step_*") if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return max(steps) if steps else None
-
-
 def resume(run_id: str) -> RunRecord:
     """Restart a finished/stopped/failed run from its newest checkpoint: tracker rows past that step
     are deleted (one transaction), then the run is launched with the override `resume=true`.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -30,40 +29,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.checkpoint.layout import (  # noqa: F401 (re-exported: the recipes' import site)
+    CHECKPOINTS_DIRNAME,
+    checkpoints_root,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    latest_checkpoint_step,
+    list_checkpoints,
+)
+from engine.checkpoint.layout import RECIPE_STATE as _RECIPE_STATE
 from engine.config import ConfigError
-
-CHECKPOINTS_DIRNAME = "checkpoints"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-_RECIPE_STATE = "recipe_state.pt"
 
 
 class CheckpointStateError(ConfigError):
     """A recipe checkpoint is missing, incomplete or unreadable (one line: the path and what to do)."""
-
-
-# ----------------------------------------------------------------------------------------- locating
-def checkpoints_root(output_dir: str | os.PathLike) -> Path:
-    """`output_dir/checkpoints`."""
-    return Path(output_dir) / CHECKPOINTS_DIRNAME
-
-
-def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `output_dir/checkpoints` as `(step, path)`, oldest first."""
-    root = checkpoints_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_RE.match(child.name)
-        if match and child.is_dir() and (child / _RECIPE_STATE).is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint folder, or None when the run has none yet."""
-    found = list_checkpoints(output_dir)
-    return found[-1][1] if found else None
 
 
 # ------------------------------------------------------------------------------------------- RNG
@@ -227,7 +206,7 @@ def load_checkpoint(
 
     path = Path(path)
     rank, _ = _rank_world()
-    if not (path / _RECIPE_STATE).is_file() or not (path / "state").is_dir():
+    if not is_complete_checkpoint(path) or not (path / "state").is_dir():
         raise CheckpointStateError(
             f"{path}: not a complete recipe checkpoint (no {_RECIPE_STATE} or state/); "
             "point resume at a checkpoints/step_<N> folder written by a finished save"

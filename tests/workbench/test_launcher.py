@@ -66,7 +66,7 @@ def test_exit_codes_statuses_and_error_tail(lsq):
     assert steps == list(range(1, 31))  # every step exactly once
     losses = [v for _, v in _losses(ok.id)]
     assert sum(losses[-5:]) < 0.1 * sum(losses[:5])  # it really trains
-    assert (Path(ok.output_dir) / "checkpoints" / "step_30" / "state.pt").is_file()
+    assert (Path(ok.output_dir) / "checkpoints" / "step_30" / "recipe_state.pt").is_file()
     assert f"output_dir: {ok.output_dir}" in (Path(ok.output_dir) / "config.yaml").read_text()
     assert "step 30/30 | loss" in (Path(ok.output_dir) / "stdout.log").read_text()
 

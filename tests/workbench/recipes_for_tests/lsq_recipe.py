@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine.checkpoint.layout import RECIPE_STATE, latest_checkpoint
 from engine.config import ConfigError, load_config
 from engine.tracking import MetricLogger
 from engine.training.distributed import shutdown
@@ -48,7 +48,6 @@ DEFAULTS = {
     "step_delay_s": 0.0,
     "resume": False,
 }
-_STEP = re.compile(r"^step_(\d+)$")
 
 
 def _read_config(argv: list[str]) -> dict:
@@ -69,12 +68,7 @@ def _read_config(argv: list[str]) -> dict:
 
 
 def _latest(output_dir: Path) -> Path | None:
-    found = [
-        (int(m.group(1)), p)
-        for p in (output_dir / "checkpoints").glob("step_*")
-        if (m := _STEP.match(p.name))
-    ]
-    return max(found)[1] if found else None
+    return latest_checkpoint(output_dir)  # the engine's definition of a complete checkpoint
 
 
 def _save(output_dir: Path, step: int, w: torch.Tensor, gen: torch.Generator, log: MetricLogger) -> None:
@@ -82,7 +76,9 @@ def _save(output_dir: Path, step: int, w: torch.Tensor, gen: torch.Generator, lo
     ckpts.mkdir(parents=True, exist_ok=True)
     tmp = ckpts / f".tmp_step_{step}"
     tmp.mkdir(exist_ok=True)
-    torch.save({"step": step, "w": w.detach().clone(), "rng": gen.get_state()}, tmp / "state.pt")
+    torch.save(
+        {"step": step, "w": w.detach().clone(), "rng": gen.get_state()}, tmp / RECIPE_STATE
+    )  # written last, as save_checkpoint does
     os.replace(tmp, ckpts / f"step_{step}")
     log.event(step, "checkpoint", f"checkpoints/step_{step}")
 
@@ -110,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank + 1)
     step = 0
     if cfg["resume"] and (ck := _latest(out)) is not None:
-        state = torch.load(ck / "state.pt")
+        state = torch.load(ck / RECIPE_STATE)
         step = state["step"]
         with torch.no_grad():
             w.copy_(state["w"])
