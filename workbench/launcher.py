@@ -33,6 +33,16 @@ LOST_ERROR = "process lost: its supervisor and processes vanished without record
 
 
 # -- registering ---------------------------------------------------------------------------------------
+
+
+def empty_config_message(source: str) -> str:
+    """The one line for a config file with no keys (empty, or only comments)."""
+    return (
+        f"{source}: the config is empty (no keys) — write the recipe's keys, or start from a built-in one: "
+        "`tunebench ls`, then `tunebench cp NAME FILE`"
+    )
+
+
 def create_run(
     recipe: str,
     *,
@@ -71,6 +81,8 @@ def create_run(
         cfg = parse_yaml(config_text or "", source=source)
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: the config is not a mapping of key: value — write one", field=source)
+    if not cfg:
+        raise ConfigError(empty_config_message(source), field=source)
     cfg = apply_overrides(cfg, list(overrides))
     run_id = new_run_id()
     while run_dir(run_id).exists():

@@ -166,6 +166,27 @@ def metric_names(run_id: str, *, db: sqlite3.Connection) -> list[str]:
     ]
 
 
+# Per-process figures that every rank logs under its own rank (engine.training.meters.memory_stats:
+# mem_peak_gb, mem_reserved_gb, rss_gb).
+PER_RANK_PREFIXES = ("mem_", "rss_")
+
+
+def is_per_rank(name: str, ranks: list[int]) -> bool:
+    """Whether metric `name` (logged by `ranks`) is a per-rank figure: a per-process meter, or any
+    metric a rank other than 0 logged. `show --json` gives every such metric the per-rank shape."""
+    return name.startswith(PER_RANK_PREFIXES) or ranks != [0]
+
+
+def metric_ranks(run_id: str, name: str, *, db: sqlite3.Connection) -> list[int]:
+    """The ranks that logged metric `name`, ascending."""
+    return [
+        r
+        for (r,) in db.execute(
+            "SELECT DISTINCT rank FROM metrics WHERE run_id = ? AND name = ? ORDER BY rank", (run_id, name)
+        )
+    ]
+
+
 def metric_series(
     run_id: str, name: str, *, db: sqlite3.Connection, rank: int | None = 0, max_points: int | None = None
 ) -> list[tuple[int, float]]:

@@ -125,3 +125,23 @@ def test_validate_recipe_flag_anywhere_after_config(configs_dir, capsys):
     capsys.readouterr()
     assert main(["validate", "other/plain", "x=2", "--fast"]) == 2
     assert "--fast: unknown option" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_validate_an_empty_config_is_one_line_and_exit_2(tmp_path, configs_dir, capsys, text):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    assert main(["validate", str(empty)]) == 2
+    assert main(["validate", str(empty), "--recipe", "toyrecipe"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{empty}: the config is empty (no keys) — write the recipe's keys, or start from a "
+                   "built-in one: `tunebench ls`, then `tunebench cp NAME FILE`"] * 2  # fmt: skip
+
+
+def test_run_an_empty_config_is_one_line_and_exit_2(tmp_path, configs_dir, capsys, tunebench_home):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    assert main(["run", "sft", "--config", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the config is empty (no keys)" in err and "Traceback" not in err
+    assert not (tunebench_home / "runs").exists() or not any((tunebench_home / "runs").iterdir())

@@ -32,7 +32,9 @@ def model_dir(tmp_path_factory) -> Path:
     from engine.checkpoint import save_pretrained
     from engine.models.llama3 import llama3
 
-    tok_dir = Path(__file__).resolve().parents[2].parent / "shared" / "assets" / "tokenizers" / "llama3"
+    from conftest import SHARED_ASSETS
+
+    tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
     if not tok_dir.is_dir():
         pytest.skip(f"{tok_dir} is absent (tests that need the shared assets skip without it)")
     torch.manual_seed(0)
@@ -92,6 +94,25 @@ def test_eval_model_folder_json(model_dir, tunebench_home, capsys):
     assert metrics == {"acc", "acc_norm"}
 
 
+def test_max_length_reaches_the_recipe(model_dir, tunebench_home, capsys, monkeypatch):
+    from engine.recipes.eval import EvalRecipe
+
+    seen = []
+    run = EvalRecipe.run
+
+    def spy(self):
+        seen.append(self.cfg["max_length"])
+        return run(self)
+
+    monkeypatch.setattr(EvalRecipe, "run", spy)
+    assert (
+        main(["eval", str(model_dir), "--tasks", "arith_mc", "--limit", "2", "--max-length", "64", "--json"])
+        == 0
+    )
+    assert main(["eval", str(model_dir), "--tasks", "arith_mc", "--limit", "2", "--json"]) == 0
+    assert seen == [64, None]  # None: the model config's max_position_embeddings
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -101,6 +122,10 @@ def test_eval_model_folder_json(model_dir, tunebench_home, capsys):
             "--step 3: run sft-evaltest has checkpoints at steps [2, 4]",
         ),
         (["eval", "sft-evaltest", "--tasks", "arith_mc", "--limit", "0"], "--limit 0: must be positive"),
+        (
+            ["eval", "sft-evaltest", "--tasks", "arith_mc", "--max-length", "0"],
+            "--max-length 0: must be at least 1",
+        ),
         (["eval", "sft-evaltest", "--tasks", " , "], "tasks: no task given"),
         (["eval", "sft-evaltest", "--tasks", "missing.yaml"], "missing.yaml does not exist"),
     ],

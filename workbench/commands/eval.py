@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (default 8)")
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--max-gen-toks", type=int, default=None, help="cap on generated tokens per request")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="context length in tokens (default: the model config's max_position_embeddings)",
+    )
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--step", type=int, default=None, help="the run's checkpoint step (default: latest)")
     p.add_argument(
@@ -168,6 +174,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--num-fewshot {args.num_fewshot}: must be 0 or more")
     if args.max_gen_toks is not None and args.max_gen_toks < 1:
         raise UserError(f"--max-gen-toks {args.max_gen_toks}: must be at least 1")
+    if args.max_length is not None and args.max_length < 1:
+        raise UserError(f"--max-length {args.max_length}: must be at least 1 (or leave it out)")
     if args.step is not None and args.all_checkpoints:
         raise UserError("--step and --all-checkpoints: choose one")
     for folder in args.task_dir:
@@ -203,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
             "limit": limit,
             "num_fewshot": args.num_fewshot,
             "batch_size": args.batch_size,
+            "max_length": args.max_length,
             "gen_kwargs": {"max_gen_toks": args.max_gen_toks} if args.max_gen_toks else None,
             "apply_chat_template": args.chat,
             "task_dirs": list(args.task_dir),

@@ -25,7 +25,9 @@ def collect(run_ref: str, *, points: int | None = None) -> dict:
         eval_results,
         events_since,
         get_run,
+        is_per_rank,
         metric_names,
+        metric_ranks,
         metric_series,
         summarize,
     )
@@ -35,10 +37,8 @@ def collect(run_ref: str, *, points: int | None = None) -> dict:
         summary = summarize(rec, db=db).to_dict()
         metrics = {}
         for name in metric_names(rec.id, db=db):
-            ranks = [r for (r,) in db.execute(
-                "SELECT DISTINCT rank FROM metrics WHERE run_id = ? AND name = ? ORDER BY rank", (rec.id, name)
-            )]  # fmt: skip
-            if name.startswith("mem_") or ranks != [0]:  # per-rank figures: one series per rank
+            ranks = metric_ranks(rec.id, name, db=db)
+            if is_per_rank(name, ranks):  # one shape for every per-rank figure: a series per rank
                 per_rank = {}
                 for r in ranks:
                     pts = metric_series(rec.id, name, db=db, rank=r, max_points=points)

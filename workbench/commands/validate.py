@@ -51,12 +51,29 @@ def _split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     return recipe, overrides
 
 
+def _is_empty(path) -> bool:
+    """The file parses to no keys at all (empty or only comments); unreadable/malformed: False
+    (`validate_file` reports those)."""
+    from engine.config import ConfigError
+    from engine.config._yaml import load_yaml
+
+    try:
+        return load_yaml(path) == {}
+    except ConfigError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.config import find_config
     from engine.config._validate import validate_file
 
     recipe, overrides = _split_recipe(args)
     path = find_config(args.config)
+    if _is_empty(path):
+        from workbench.launcher import empty_config_message
+
+        print(empty_config_message(str(path)))
+        return 2
     problems, recipe = validate_file(path, overrides, recipe=recipe)
     for problem in problems:
         print(problem)
