@@ -29,10 +29,9 @@ def _offline_one_thread(monkeypatch):
 def model_dir(tmp_path_factory) -> Path:
     """A tiny native Llama-3 (2 layers, 64 dims) written by `save_pretrained`, with the real
     Llama-3 tokenizer files."""
+    from conftest import SHARED_ASSETS
     from engine.checkpoint import save_pretrained
     from engine.models.llama3 import llama3
-
-    from conftest import SHARED_ASSETS
 
     tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
     if not tok_dir.is_dir():
