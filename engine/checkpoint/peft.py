@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from engine.checkpoint.errors import CheckpointError
-from engine.checkpoint.hf_keys import native_to_hf
+from engine.checkpoint.hf_keys import native_expert_to_hf, native_to_hf
 from engine.modules.peft.lora import LoRALinear
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -57,17 +57,24 @@ def adapter_config(model: nn.Module, *, base_model_dir: str | os.PathLike | None
     (PEFT would need per-module patterns; tunebench builders never produce that).
     """
     mods = lora_modules(model)
-    if not mods:
+    moe = _moe_adapter_keys(model)
+    if not mods and not moe:
         raise CheckpointError("the model has no LoRA adapters to save; save the full model instead")
     kinds = {(m.rank, float(m.alpha), m.use_dora) for m in mods.values()}
+    kinds |= {
+        (e.lora_rank, float(e.scale * e.lora_rank), False) for e in _expert_stacks(model) if e.lora_rank
+    }
     if len(kinds) > 1:
         raise CheckpointError(
             f"adapters differ in rank/alpha/DoRA ({sorted(kinds)}); export a merged model instead"
         )
-    rank, alpha, use_dora = kinds.pop()
-    first = next(iter(mods.values()))
-    dropout = float(first.dropout.p) if isinstance(first.dropout, nn.Dropout) else 0.0
-    targets = sorted({_hf_module(name).rsplit(".", 1)[-1] for name in mods})
+    rank, alpha, use_dora = kinds.pop() if kinds else (8, 16.0, False)
+    first = next(iter(mods.values()), None)
+    dropout = float(first.dropout.p) if first is not None and isinstance(first.dropout, nn.Dropout) else 0.0
+    targets = {_hf_module(name).rsplit(".", 1)[-1] for name in mods}
+    targets |= {k.rsplit(".", 3)[-3] for k, (_, e) in moe.items() if e is not None}
+    targets = sorted(targets)
+    saved = sorted({k[: -len(".weight")].rsplit(".", 1)[-1] for k, (_, e) in moe.items() if e is None})
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -81,11 +88,41 @@ def adapter_config(model: nn.Module, *, base_model_dir: str | os.PathLike | None
         "use_dora": bool(use_dora),
         "use_rslora": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": saved or None,
         "rank_pattern": {},
         "alpha_pattern": {},
         "inference_mode": True,
     }
+
+
+def _moe_adapter_keys(model: nn.Module) -> dict[str, tuple[str, int | None]]:
+    """PEFT key -> (native key, expert index or None) for stacked expert adapters (one PEFT adapter
+    per expert, as PEFT names them on per-expert linears) and routers trained with the adapters
+    (PEFT `modules_to_save`)."""
+    from engine.checkpoint.hf_safetensors import moe_naming
+    from engine.modules.moe import MoE
+
+    naming = moe_naming(model)
+    out: dict[str, tuple[str, int | None]] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, MoE):
+            continue
+        experts = module.experts
+        for local in experts.adapter_names():
+            proj, side = local.rsplit("_lora_", 1)
+            for e in range(experts.num_experts):
+                hf = native_expert_to_hf(f"{name}.experts.{proj}", e, naming)[: -len(".weight")]
+                out[f"{PEFT_PREFIX}{hf}.lora_{side.upper()}.weight"] = (f"{name}.experts.{local}", e)
+        if getattr(module, "router_trainable", False):
+            key = f"{name}.router.weight"
+            out[f"{PEFT_PREFIX}{native_to_hf(key, naming)}"] = (key, None)
+    return out
+
+
+def _expert_stacks(model: nn.Module) -> list:
+    from engine.modules.moe import GroupedExperts
+
+    return [m for m in model.modules() if isinstance(m, GroupedExperts)]
 
 
 def to_peft_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -97,6 +134,9 @@ def to_peft_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> dict
             key = f"{module_name}.{native_suffix}"
             if key in state:
                 out[f"{PEFT_PREFIX}{hf_module}.{peft_suffix}"] = state[key]
+    for peft_key, (native, expert) in _moe_adapter_keys(model).items():
+        if native in state:
+            out[peft_key] = state[native] if expert is None else state[native][expert]
     return out
 
 
@@ -178,6 +218,21 @@ def load_adapters(model: nn.Module, adapter_dir: str | os.PathLike) -> nn.Module
             by_peft[f"{PEFT_PREFIX}{hf_module}.{peft_suffix}"] = f"{module_name}.{native_suffix}"
     params = dict(model.named_parameters())
     loaded = load_file(str(weights))
+    moe = _moe_adapter_keys(model)
+    for key, (native, expert) in moe.items():
+        if key in loaded:
+            target = params[native] if expert is None else params[native][expert]
+            if tuple(target.shape) != tuple(loaded[key].shape):
+                raise CheckpointError(
+                    f"{weights}: adapter {key} has shape {tuple(loaded[key].shape)}, the model expects "
+                    f"{tuple(target.shape)}; use the same lora_rank and model size"
+                )
+            with torch.no_grad():
+                target.copy_(loaded.pop(key).to(target.dtype))
+        else:
+            raise CheckpointError(
+                f"{weights}: adapter {key} is missing; the folder is for other LoRA settings"
+            )
     for key, tensor in loaded.items():
         native = by_peft.get(key)
         if native is None or native not in params:

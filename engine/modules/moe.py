@@ -271,30 +271,48 @@ def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def moe_aux_loss(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _pool(t: torch.Tensor) -> torch.Tensor:
+    """Sum over every rank, gradients flowing back to each rank's share (autograd-aware)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(t, op=dist.ReduceOp.SUM)
+
+
+def moe_aux_loss(model: nn.Module, *, pooled: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(load_balancing_loss, z_loss)` of the model's last forward, or None for a dense model.
 
     Load balancing as transformers' `load_balancing_loss_func` (Switch Transformer, eqs. 4-6, with
     counts and probabilities pooled over all layers): `E * sum_e f_e * P_e`, where `f_e` is the top-k
     assignments of expert e per routed row and `P_e` its mean router probability. The z-loss is the
-    mean over layers and tokens of `logsumexp(logits)^2` (ST-MoE). Unweighted: see `weighted_aux_loss`.
+    mean over layers and tokens of `logsumexp(logits)^2` (ST-MoE). `pooled`: the figures are summed
+    over all ranks first (autograd-aware), so N ranks with a batch each get the loss of one rank with
+    all N batches. Unweighted: see `weighted_aux_loss`.
     """
     layers = moe_layers(model)
     if not layers or any(m.stats is None for m in layers):
         return None
-    rows = sum(m.stats.tokens for m in layers)
-    counts = torch.stack([m.stats.counts for m in layers]).sum(0) / rows  # [E]
-    probs = torch.stack([m.stats.prob_sum for m in layers]).sum(0) / rows  # [E]
-    balance = layers[0].num_experts * (counts * probs).sum()
-    z = torch.stack([m.stats.z_sum for m in layers]).sum() / rows
-    return balance, z
+    counts = torch.stack([m.stats.counts for m in layers]).sum(0)  # [E]
+    probs = torch.stack([m.stats.prob_sum for m in layers]).sum(0)  # [E]
+    z = torch.stack([m.stats.z_sum for m in layers]).sum()
+    rows = torch.tensor(float(sum(m.stats.tokens for m in layers)), device=counts.device)
+    if pooled:
+        packed = _pool(torch.cat([counts, probs, z[None], rows[None]]))
+        e = counts.shape[0]
+        counts, probs, z, rows = packed[:e], packed[e : 2 * e], packed[2 * e], packed[2 * e + 1]
+    balance = layers[0].num_experts * ((counts / rows) * (probs / rows)).sum()
+    return balance, z / rows
 
 
-def weighted_aux_loss(model: nn.Module) -> torch.Tensor | None:
-    """`router_aux_loss_coef * balance + router_z_loss_coef * z` of the last forward (None if dense)."""
-    losses = moe_aux_loss(model)
+def weighted_aux_loss(model: nn.Module, *, pooled: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(router_aux_loss_coef * balance + router_z_loss_coef * z, balance detached)` of the last
+    forward, or None for a dense model (`pooled` as in `moe_aux_loss`)."""
+    losses = moe_aux_loss(model, pooled=pooled)
     if losses is None:
         return None
     settings = moe_layers(model)[0].settings
     balance, z = losses
-    return settings.router_aux_loss_coef * balance + settings.router_z_loss_coef * z
+    return settings.router_aux_loss_coef * balance + settings.router_z_loss_coef * z, balance.detach()

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
+from engine.modules.moe import weighted_aux_loss
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
@@ -187,6 +188,7 @@ class SFTRecipe:
         (no memory), `parallelize` shards it, and the sharded parameters are filled from the full
         weights that rank 0 alone builds (`materialize_model` broadcasts them).
         """
+        from engine.modules.moe import moe_layers
         from engine.modules.peft.utils import get_adapter_params, set_trainable_params
         from engine.training import materialize_model, parallelize
 
@@ -200,6 +202,7 @@ class SFTRecipe:
             model = self._build_initialised_model()
         adapters = get_adapter_params(model)
         self.is_lora = bool(adapters)
+        self.is_moe = bool(moe_layers(model))
         if self.is_lora:
             set_trainable_params(model, adapters.keys())
         if self.world_size > 1 and any(getattr(m, "quantize_base", False) for m in model.modules()):
@@ -408,8 +411,9 @@ class SFTRecipe:
             if hasattr(self.train_set, "set_epoch"):
                 self.train_set.set_epoch(self.epoch)  # weighted mixes redraw their samples per epoch
             step_in_epoch = self.batches_in_epoch // self.accum
-            # On the device, read once per step: [loss sum, loss tokens, tokens, (loss sum, tokens) per source]
-            stats = torch.zeros(3 + 2 * n_sources, dtype=torch.float64, device=self.device)
+            # On the device, read once per step: [loss sum, loss tokens, tokens, (loss sum, tokens) per
+            # source, MoE load-balancing loss x loss tokens]
+            stats = torch.zeros(4 + 2 * n_sources, dtype=torch.float64, device=self.device)
             t0 = time.perf_counter()
             for batch in self.loader:
                 if step_in_epoch >= self.steps_per_epoch:
@@ -421,11 +425,17 @@ class SFTRecipe:
                     # The update happens inside backward, so the step's normaliser is needed first.
                     step_tokens = _all_reduce_sum(loss_tokens.detach().double().clone()) / self.tp
                 loss_sum, per_token = self._token_losses(batch)
+                stats[0] += loss_sum.detach().double()  # the cross-entropy alone: `loss`
+                aux = weighted_aux_loss(self.model, pooled=self.world_size > 1) if self.is_moe else None
+                if aux is not None:
+                    # Weighted by this micro-batch's loss tokens: the step's gradient scaling then
+                    # turns it into coef x aux (router figures pooled over ranks: see engine.modules.moe).
+                    loss_sum = loss_sum + aux[0] * loss_tokens
+                    stats[-1] += aux[1].double() * loss_tokens
                 if self.optimizer_in_bwd:
                     (loss_sum * (self.dp_size / step_tokens.clamp(min=1).item())).backward()
                 else:
                     loss_sum.backward()
-                stats[0] += loss_sum.detach().double()
                 stats[1] += loss_tokens
                 sources = batch.get("source_ids")
                 stats[2] += (sources >= 0).sum() if sources is not None else batch["tokens"].numel()
@@ -473,6 +483,8 @@ class SFTRecipe:
                     metrics["grad_norm"] = float(
                         grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                     )
+                if self.is_moe:
+                    metrics["loss/aux"] = totals[-1] / max(totals[1], 1.0)
                 if n_sources > 1:
                     for s, name in enumerate(self.source_names):
                         if totals[4 + 2 * s] > 0:
