@@ -82,8 +82,11 @@ def _reconcile_lost_runs() -> None:
 
     if db_path().exists():
         from workbench.launcher import reconcile_lost
+        from workbench.slurm import reconcile_all
 
         reconcile_lost()
+        for line in reconcile_all():  # SLURM runs: their state from squeue/sacct (a line when unreadable)
+            print(f"tunebench: {line}", file=sys.stderr)
 
 
 def entry() -> None:  # pragma: no cover - console script shim

@@ -57,12 +57,18 @@ def create_run(
     parent_id: str | None = None,
     kind: str = "new",
     validate: bool = True,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    slurm: bool = False,
 ) -> RunRecord:
     """Register a `queued` run from a config file (a path or built-in name) or YAML text, with
     `key=value` overrides applied, `output_dir` set to `runs/<id>`, written to `runs/<id>/config.yaml`.
 
     `module` replaces `engine.recipes.<recipe>` as the torchrun entry (tests use their own recipe).
     With `validate`, every config problem is reported at once as one `ConfigError` line.
+    A multi-node run (`nnodes` > 1, this host node rank 0, `workbench.multinode`) needs `rdzv_endpoint`
+    and `output_dir`, a fresh folder every node mounts at the same path, which replaces `runs/<id>`.
     """
     from engine.config import ConfigError, apply_overrides, dump_config, find_config, load_yaml, parse_yaml
     from engine.config import validate as validate_config
@@ -71,6 +77,13 @@ def create_run(
         raise UserError(f"recipe {recipe!r}: give a recipe name such as sft, dpo, kd or grpo")
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: use 1 or more processes")
+    from workbench.multinode import check_launch, shared_run_dir
+
+    if slurm:  # the job's first node is the rendezvous (workbench.slurm); its folder must be shared
+        if output_dir is None:
+            raise UserError("--slurm: give --output-dir DIR, a folder every node of the cluster mounts")
+    else:
+        check_launch(nnodes=nnodes, node_rank=0, rdzv_endpoint=rdzv_endpoint, output_dir=output_dir)
     if (config_path is None) == (config_text is None):
         raise UserError("give exactly one of a config file or config text")
     if config_path is not None:
@@ -87,7 +100,7 @@ def create_run(
     run_id = new_run_id()
     while run_dir(run_id).exists():
         run_id = new_run_id()
-    out = run_dir(run_id)
+    out = run_dir(run_id) if output_dir is None else shared_run_dir(output_dir)
     # Set before validating: a config may refer to it (`${output_dir}/samples`).
     cfg["output_dir"] = str(out)
     if validate:
@@ -100,10 +113,11 @@ def create_run(
             )
             raise ConfigError(f"{source}: " + "; ".join(str(p) for p in problems[:3]) + more, field=source)
         if module is None:
-            _check_nproc(recipe, nproc, cfg)
+            _check_nproc(recipe, nproc * nnodes, cfg)
     text = dump_config(
         cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
     )
+    made = not out.exists()
     ensure_private_dir(out)
     try:
         _atomic_write(out / CONFIG_NAME, text)
@@ -121,15 +135,21 @@ def create_run(
                 tags=list(tags),
                 notes=notes,
                 run_id=run_id,
+                output_dir=None if output_dir is None else out,
+                nnodes=nnodes,
+                rdzv_endpoint=rdzv_endpoint,
             )
     except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        else:  # a folder the user named: remove only what was written here
+            (out / CONFIG_NAME).unlink(missing_ok=True)
         raise
 
 
 def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
-    """Refuse a process count the recipe cannot use, before a run is registered: more than its
-    `MAX_NPROC` (one-process recipes), or one the parallel degrees (tp, cp, dp) do not fit."""
+    """Refuse a process count (all nodes' ranks) the recipe cannot use, before a run is registered:
+    more than its `MAX_NPROC` (one-process recipes), or one the parallel degrees (tp, cp, dp) do not fit."""
     import importlib
 
     most = getattr(importlib.import_module(f"engine.recipes.{recipe}"), "MAX_NPROC", None)
@@ -238,6 +258,11 @@ def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 15.0)
             raise UserError(f"run {run.name} is {run.status}, not running: nothing to stop")
         update_run(run.id, db=db, stop_requested=True)
         add_event(run.id, run.step, "stop", "stop requested", db=db)
+    if run.slurm_job_id is not None:  # the ranks run on the cluster: SLURM signals them
+        from workbench import slurm
+
+        slurm.cancel(run)
+        return run
     deadline = time.monotonic() + grace_s
     while run.pgid is None and time.monotonic() < deadline:  # queued: the supervisor will see the request
         time.sleep(0.1)

@@ -38,13 +38,39 @@ TAIL_LINES = 20
 _TRACEBACK = "Traceback (most recent call last):"
 
 
-def torchrun_command(*, nproc: int, module: str, config: Path, extra: list[str]) -> list[str]:
-    """The torchrun command line (as `python -m torch.distributed.run`, so the venv's torch is used)."""
+def torchrun_command(
+    *,
+    nproc: int,
+    module: str,
+    config: Path,
+    extra: list[str],
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+) -> list[str]:
+    """The torchrun command line (as `python -m torch.distributed.run`, so the venv's torch is used).
+
+    One node: `--standalone`, a private rendezvous on a free port (concurrent runs never collide).
+    Several: torchrun's static rendezvous on the c10d TCPStore at `rdzv_endpoint` (node rank 0's host),
+    where the node rank fixes the ranks a node gets (node R: `R*nproc .. R*nproc+nproc-1`), so global
+    rank 0, which logs the run's metrics, is on the host that holds the tracker row. (The dynamic c10d
+    rendezvous orders nodes by host name, which could put rank 0 on a node without the row.)
+    """
+    if nnodes > 1:
+        rendezvous = [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            "--max-restarts=0",
+        ]
+    else:
+        rendezvous = ["--standalone"]
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",  # a private rendezvous on a free port: concurrent runs never collide
+        *rendezvous,
         f"--nproc_per_node={nproc}",
         "-m",
         module,
@@ -129,7 +155,10 @@ def supervise(run_id: str, extra: list[str]) -> int:
         run = get_run(run_id, db=db)
         out = Path(run.output_dir)
         log_path = out / LOG_NAME
-        cmd = torchrun_command(nproc=run.nproc, module=run.module, config=out / "config.yaml", extra=extra)
+        cmd = torchrun_command(
+            nproc=run.nproc, module=run.module, config=out / "config.yaml", extra=extra,
+            nnodes=run.nnodes, rdzv_endpoint=run.rdzv_endpoint,
+        )  # fmt: skip
         env = dict(os.environ)
         exit_dir = out / EXIT_DIR_NAME  # each rank records its own code there (torchrun exits 1)
         shutil.rmtree(exit_dir, ignore_errors=True)  # a resume relaunches into the same folder
@@ -176,7 +205,10 @@ def supervise(run_id: str, extra: list[str]) -> int:
                 return 0
             now = time.time()
             update_run(run.id, db=db, status="running", pid=child.pid, pgid=child.pid, started_at=now)
-            add_event(run.id, run.step, "start", f"{run.nproc} process(es), pid {child.pid}", db=db)
+            where = (
+                f" on each of {run.nnodes} nodes (rendezvous {run.rdzv_endpoint})" if run.nnodes > 1 else ""
+            )
+            add_event(run.id, run.step, "start", f"{run.nproc} process(es){where}, pid {child.pid}", db=db)
             if get_run(run.id, db=db).stop_requested:  # a stop that came before the pid was known
                 _signal_group(child.pid, signal.SIGTERM)  # (no rank yet: torchrun passes it on)
             while True:

@@ -473,6 +473,7 @@ def run_recipe_main(
     """
     from engine.training import init_distributed, shutdown
     from engine.training.cpu_fast_paths import cpu_fast_paths
+    from engine.training.multinode import check_shared_output_dir
 
     config_path, overrides = parse_recipe_args(argv, prog=f"python -m engine.recipes.{name}")
     code, recipe = 0, None
@@ -481,7 +482,9 @@ def run_recipe_main(
         check_config(cfg)
         check_output_dir(cfg.get("output_dir") or f"./runs/{name}")
         check_local_paths(cfg)
-        recipe = recipe_cls(cfg, dist_info=init_distributed())
+        dist_info = init_distributed()
+        check_shared_output_dir(cfg.get("output_dir") or f"./runs/{name}")  # several nodes: one folder
+        recipe = recipe_cls(cfg, dist_info=dist_info)
         recipe.setup()
         # CPU runs: keep freed buffers for the next step; bf16 matmuls in fp32 on CPUs without bf16 units
         with cpu_fast_paths(recipe.device, recipe.dtype, compile=bool(cfg.get("compile", False))) as note:

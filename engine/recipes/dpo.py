@@ -213,6 +213,7 @@ class DPORecipe:
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
         from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+        from engine.training.multinode import per_rank_memory
 
         log = self.logger
         log.set_progress(self.global_step, self.total_steps)
@@ -280,8 +281,9 @@ class DPORecipe:
                     "tokens_total": self.tokens_total,
                     "epoch": self.epoch,
                 }
-                memory = memory_stats(self.device)
-                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
+                for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():
+                    log.log(self.global_step, {**metrics, **memory} if rank == 0 else memory, rank=rank)
                 self.history.append(metrics)
                 log.set_progress(self.global_step, self.total_steps)
                 stats.zero_()

@@ -400,6 +400,7 @@ class SFTRecipe:
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
         from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+        from engine.training.multinode import per_rank_memory
 
         reset_peak_memory(self.device)
         log = self.logger
@@ -489,8 +490,9 @@ class SFTRecipe:
                     for s, name in enumerate(self.source_names):
                         if totals[4 + 2 * s] > 0:
                             metrics[f"loss/{name}"] = totals[3 + 2 * s] / totals[4 + 2 * s]
-                memory = memory_stats(self.device)  # every rank's own figures, under its rank
-                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
+                for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():
+                    log.log(self.global_step, {**metrics, **memory} if rank == 0 else memory, rank=rank)
                 self.loss_history.append(step_loss)
                 log.set_progress(self.global_step, self.total_steps)
                 stats.zero_()

@@ -19,7 +19,7 @@ from engine.tracking.errors import SchemaError, TrackerError
 from engine.tracking.paths import db_path, ensure_private_dir
 
 BUSY_TIMEOUT_MS = 60_000
-SCHEMA_VERSION = 2  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
+SCHEMA_VERSION = 3  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
 
 
 def _v1_to_v2(conn: sqlite3.Connection) -> None:
@@ -30,8 +30,17 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX IF EXISTS ix_metrics_run_name_step")
 
 
+def _v2_to_v3(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    for column, ddl in (
+        ("nnodes", "INTEGER NOT NULL DEFAULT 1"), ("rdzv_endpoint", "VARCHAR"), ("slurm_job_id", "VARCHAR")
+    ):  # fmt: skip
+        if column not in have:  # (as the indexes of 1 -> 2: a re-run migration changes nothing)
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {ddl}")
+
+
 # version N -> function migrating a database at version N to N+1, run inside one write transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 _TABLES = ("runs", "metrics", "events", "eval_results", "schema_version")
 

@@ -41,6 +41,9 @@ class RunRecord:
     total_steps: int | None
     stop_requested: bool
     resumes: int
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    slurm_job_id: str | None = None
 
     @property
     def tag_list(self) -> list[str]:

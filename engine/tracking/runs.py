@@ -6,12 +6,14 @@ Every function takes an open connection keyword `db` (from `engine.tracking.db.c
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import socket
 import sqlite3
 import time
 from datetime import datetime
+from pathlib import Path
 
 from engine.tracking.db import write_tx
 from engine.tracking.errors import TrackerError
@@ -43,6 +45,9 @@ def create_run(
     notes: str = "",
     total_steps: int | None = None,
     run_id: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
 ) -> RunRecord:
     """Insert a `queued` run and create its private folder `runs/<id>/`; returns the row.
 
@@ -50,6 +55,8 @@ def create_run(
     characters other than letters, digits, `.`, `_`, `-` (it is used on the command line);
     so does an empty tag or one with a comma or space (tags are stored comma-separated).
     `run_id` (default: a fresh `new_run_id()`) lets a caller write into the folder first.
+    `output_dir` replaces `runs/<id>/` as the run's folder (a multi-node run's shared folder; the
+    caller creates it); `nnodes` and `rdzv_endpoint` describe a multi-node launch.
     """
     if kind not in RUN_KINDS:
         raise TrackerError(f"run kind {kind!r} is not one of {', '.join(RUN_KINDS)}")
@@ -65,7 +72,7 @@ def create_run(
         run_id = new_run_id()
         while (home_runs / run_id).exists():
             run_id = new_run_id()
-    out = ensure_private_dir(run_dir(run_id))
+    out = Path(output_dir) if output_dir is not None else ensure_private_dir(run_dir(run_id))
     now = time.time()
     with write_tx(db):
         if name is None:
@@ -104,6 +111,9 @@ def create_run(
             total_steps=total_steps,
             stop_requested=False,
             resumes=0,
+            nnodes=int(nnodes),
+            rdzv_endpoint=rdzv_endpoint,
+            slurm_job_id=None,
         )
         cols = ", ".join(RUN_COLUMNS)
         marks = ", ".join("?" for _ in RUN_COLUMNS)

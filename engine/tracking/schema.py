@@ -10,6 +10,8 @@ Schema history (`SCHEMA_VERSION`, `MIGRATIONS` in `engine.tracking.db`):
 - 2: index metrics(run_id, name, value) (median tokens/s without sorting every row); the
   (run_id, name, step) index became (run_id, name, rank, step, value): a rank's curve is read from
   the index alone.
+- 3: runs.nnodes, runs.rdzv_endpoint (multi-node torchrun launches), runs.slurm_job_id (a run submitted
+  with `tunebench run --slurm`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 from engine.tracking.records import RUN_KINDS, RUN_STATUSES  # noqa: E402  (re-exported)
 
@@ -57,6 +59,11 @@ class Run(SQLModel, table=True):
     total_steps: int | None = None
     stop_requested: bool = False
     resumes: int = 0  # how many times this run was resumed
+    nnodes: int = Field(
+        default=1, sa_column_kwargs={"server_default": "1"}
+    )  # nodes of a multi-node run (nproc is per node); this host runs node rank 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of a multi-node rendezvous (None: one node, standalone)
+    slurm_job_id: str | None = None  # the SLURM job of a run submitted with --slurm (squeue/sacct name it)
 
 
 class Metric(SQLModel, table=True):

@@ -1,4 +1,9 @@
-"""`tunebench run RECIPE --config FILE [--nproc N] [key=value ...]`: register, launch, follow."""
+"""`tunebench run RECIPE --config FILE [--nproc N] [key=value ...]`: register, launch, follow.
+
+Several nodes: the same command on each with `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT
+--output-dir SHARED` (`workbench.multinode`); `--slurm` writes an sbatch script and submits it
+(`workbench.slurm`).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,29 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--module", help=argparse.SUPPRESS
     )  # torchrun -m target instead of engine.recipes.<recipe>
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of a multi-node run (default 1)")
+    p.add_argument(
+        "--node-rank", type=int, default=0, help="this node's rank, 0 .. nnodes-1 (0 holds the run's row)"
+    )
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of node rank 0, where the nodes meet (multi-node)")
+    p.add_argument(
+        "--output-dir",
+        help="run folder instead of runs/<id>; multi-node: one every node mounts at the same path",
+    )
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="write an sbatch script for --nnodes x --nproc GPUs and submit it",
+    )
+    p.add_argument("--partition", help="SLURM partition (with --slurm)")
+    p.add_argument("--time", help="SLURM time limit, e.g. 24:00:00 or 2-00:00 (with --slurm)")
+    p.add_argument("--account", help="SLURM account to charge (with --slurm)")
+    p.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        help="another #SBATCH option, e.g. --qos=high (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +71,20 @@ def run(args: argparse.Namespace) -> int:
     args = parse_mixed(args, _options, prog="tunebench run")
     if not args.config:
         raise UserError("--config FILE is required: tunebench run RECIPE --config FILE [key=value ...]")
+    slurm_only = [f for f, v in (("--partition", args.partition), ("--time", args.time),
+                                 ("--account", args.account), ("--sbatch-arg", args.sbatch_arg)) if v]  # fmt: skip
+    if slurm_only and not args.slurm:
+        raise UserError(f"{slurm_only[0]}: only with --slurm")
+    if args.slurm:
+        return _run_slurm(args)
+    if args.node_rank:  # another node of a multi-node run: no row here, torchrun in the foreground
+        from workbench.multinode import run_node
+
+        return run_node(
+            args.recipe, config_path=args.config, overrides=args.overrides, nproc=args.nproc,
+            nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+            output_dir=args.output_dir, module=args.module,
+        )  # fmt: skip
     rec = launcher.create_run(
         args.recipe,
         config_path=args.config,
@@ -51,9 +93,37 @@ def run(args: argparse.Namespace) -> int:
         name=args.name,
         module=args.module,
         tags=args.tag,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        output_dir=args.output_dir,
     )
     rec = launcher.launch(rec.id)
     print(f"run {rec.name} ({rec.id}) launched; log: {rec.output_dir}/stdout.log", flush=True)
     if args.detach:
         return 0
     return follow(rec.id, stream=sys.stderr)
+
+
+def _run_slurm(args: argparse.Namespace) -> int:
+    """Register the run, write its sbatch script and submit it (or print it when sbatch is absent)."""
+    from workbench import launcher, slurm
+    from workbench.errors import UserError
+
+    if args.node_rank or args.rdzv_endpoint:
+        raise UserError("--slurm: SLURM places the nodes; drop --node-rank and --rdzv-endpoint")
+    res = slurm.SlurmResources(
+        nnodes=args.nnodes, gpus_per_node=args.nproc, partition=args.partition, time=args.time,
+        account=args.account, sbatch_args=tuple(args.sbatch_arg),
+    )  # fmt: skip
+    rec = launcher.create_run(
+        args.recipe, config_path=args.config, overrides=args.overrides, nproc=args.nproc, name=args.name,
+        module=args.module, tags=args.tag, nnodes=args.nnodes, output_dir=args.output_dir, slurm=True,
+    )  # fmt: skip
+    submitted = slurm.submit(rec, res)
+    if submitted is not None:
+        print(
+            f"run {submitted.name} ({submitted.id}) submitted as SLURM job {submitted.slurm_job_id}; "
+            f"log: {submitted.output_dir}/slurm-{submitted.slurm_job_id}.log",
+            flush=True,
+        )
+    return 0

@@ -68,10 +68,10 @@ def test_migration_runs_each_step_in_one_transaction(tunebench_home, monkeypatch
     def add_color(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN color VARCHAR NOT NULL DEFAULT 'blue'")
 
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 3)
-    monkeypatch.setitem(dbmod.MIGRATIONS, 2, add_color)
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", dbmod.SCHEMA_VERSION + 1)
+    monkeypatch.setitem(dbmod.MIGRATIONS, dbmod.SCHEMA_VERSION - 1, add_color)
     with open_db() as db:
-        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 3
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == dbmod.SCHEMA_VERSION
         assert db.execute("SELECT name, color FROM runs").fetchall() == [("old", "blue")]
 
 
@@ -83,7 +83,7 @@ def test_version_1_database_gets_the_value_index(tunebench_home):
         db.execute("CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)")  # as in version 1
         db.execute("UPDATE schema_version SET version = 1")
     with open_db() as db:
-        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 2
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == dbmod.SCHEMA_VERSION
         names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {"ix_metrics_run_name_value", "ix_metrics_run_name_rank_step"} <= names
         assert "ix_metrics_run_name_step" not in names
@@ -93,8 +93,9 @@ def test_version_1_database_gets_the_value_index(tunebench_home):
 def test_missing_migration_is_refused(tunebench_home, monkeypatch):
     with open_db():
         pass
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 4)
-    with pytest.raises(SchemaError, match="no migration to 3"):
+    current = dbmod.SCHEMA_VERSION
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", current + 2)
+    with pytest.raises(SchemaError, match=f"no migration to {current + 1}"):
         connect()
 
 
@@ -111,3 +112,16 @@ def test_write_tx_rolls_back(tunebench_home):
                 )
                 raise ZeroDivisionError("abort the transaction")
         assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_version_2_database_gets_the_launch_columns(tunebench_home):
+    with open_db() as db:
+        create_run(db=db, recipe="sft", config_text="", name="kept2")
+        for col in ("nnodes", "rdzv_endpoint", "slurm_job_id"):
+            db.execute(f"ALTER TABLE runs DROP COLUMN {col}")  # as in version 2
+        db.execute("UPDATE schema_version SET version = 2")
+    with open_db() as db:
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 3
+        assert db.execute("SELECT name, nnodes, rdzv_endpoint, slurm_job_id FROM runs").fetchall() == [
+            ("kept2", 1, None, None)
+        ]
