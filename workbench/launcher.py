@@ -35,12 +35,20 @@ LOST_ERROR = "process lost: its supervisor and processes vanished without record
 # -- registering ---------------------------------------------------------------------------------------
 
 
-def empty_config_message(source: str) -> str:
-    """The one line for a config file with no keys (empty, or only comments)."""
-    return (
-        f"{source}: the config is empty (no keys) — write the recipe's keys, or start from a built-in one: "
-        "`tunebench ls`, then `tunebench cp NAME FILE`"
+def empty_config_error(source: str):
+    """The `ConfigError` for a config file with no keys (empty, or only comments)."""
+    from engine.config import ConfigError
+
+    return ConfigError(
+        "the config is empty (no keys)",
+        field=source,
+        hint="write the recipe's keys, or start from a built-in one: `tunebench ls`, then `tunebench cp NAME FILE`",
     )
+
+
+def empty_config_message(source: str) -> str:
+    """The one line for a config file with no keys (what `tunebench validate` prints)."""
+    return str(empty_config_error(source))
 
 
 def create_run(
@@ -93,9 +101,9 @@ def create_run(
         source = "config"
         cfg = parse_yaml(config_text or "", source=source)
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{source}: the config is not a mapping of key: value — write one", field=source)
+        raise ConfigError("the config is not a mapping of key: value", hint="write one", field=source)
     if not cfg:
-        raise ConfigError(empty_config_message(source), field=source)
+        raise empty_config_error(source)
     cfg = apply_overrides(cfg, list(overrides))
     run_id = new_run_id()
     while run_dir(run_id).exists():
@@ -111,7 +119,7 @@ def create_run(
                 if len(problems) > 3
                 else ""
             )
-            raise ConfigError(f"{source}: " + "; ".join(str(p) for p in problems[:3]) + more, field=source)
+            raise ConfigError("; ".join(str(p) for p in problems[:3]) + more, field=source)
         if module is None:
             _check_nproc(recipe, nproc * nnodes, cfg)
     text = dump_config(
@@ -148,20 +156,15 @@ def create_run(
 
 
 def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
-    """Refuse a process count (all nodes' ranks) the recipe cannot use, before a run is registered:
-    more than its `MAX_NPROC` (one-process recipes), or one the parallel degrees (tp, cp, dp) do not fit."""
+    """Refuse a process count (all nodes' ranks) the recipe's `CONFIG_SCHEMA` rules out, before a run is
+    registered: more than its `max_nproc` (one-process recipes), or one its parallel degrees do not fit
+    (`nproc_check`)."""
     import importlib
 
-    most = getattr(importlib.import_module(f"engine.recipes.{recipe}"), "MAX_NPROC", None)
-    if isinstance(most, int) and nproc > most:
-        raise UserError(
-            f"--nproc {nproc}: the {recipe} recipe runs on at most {most} process(es); use --nproc {most}"
-        )
-    from engine.training.device_mesh import check_parallel_degrees
-
-    problems = check_parallel_degrees(cfg, nproc)
-    if problems:
-        raise UserError(f"--nproc {nproc}: {problems[0]}")
+    schema = getattr(importlib.import_module(f"engine.recipes.{recipe}"), "CONFIG_SCHEMA", None)
+    why = schema.nproc_problem(nproc, cfg, recipe=recipe) if schema is not None else None
+    if why is not None:
+        raise UserError(f"--nproc {nproc}: {why}")
 
 
 def _model_label(cfg: dict) -> str | None:

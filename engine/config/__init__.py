@@ -28,8 +28,9 @@ from engine.config._instantiate import instantiate
 from engine.config._interpolate import resolve_interpolations
 from engine.config._load import load_config, load_config_from_argv, split_config_argv
 from engine.config._overrides import Override, apply_overrides, parse_overrides
-from engine.config._validate import CALL_SITE_ARGS, KeyRule, problem_from_error, validate, validate_file
+from engine.config._validate import CALL_SITE_ARGS, validate, validate_file
 from engine.config._yaml import dump_config, load_yaml, parse_yaml
+from engine.config.schema import REQUIRED, Field, Schema
 
 __all__ = [
     "BUILTIN_PREFIXES",
@@ -37,8 +38,10 @@ __all__ = [
     "CALL_SITE_ARGS",
     "ConfigError",
     "ConfigProblem",
-    "KeyRule",
+    "Field",
     "Override",
+    "REQUIRED",
+    "Schema",
     "allow_components",
     "apply_overrides",
     "builtin_config_dir",
@@ -53,7 +56,6 @@ __all__ = [
     "load_yaml",
     "parse_overrides",
     "parse_yaml",
-    "problem_from_error",
     "recipe_from_text",
     "reset_allowed_components",
     "resolve_interpolations",

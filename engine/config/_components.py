@@ -74,7 +74,8 @@ def config_prefixes(cfg: Any) -> list[str]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and _norm(v) for v in value):
         raise ConfigError(
-            "allowed_components: must be a list of module prefixes — write e.g. `allowed_components: [mypkg.models]`",
+            "must be a list of module prefixes",
+            hint="write e.g. `allowed_components: [mypkg.models]`",
             field="allowed_components",
         )
     return [_norm(v) for v in value]
@@ -116,10 +117,9 @@ def _refusal(name: str, user: list[str]) -> str | None:
 
 def _refuse(field: str, subject: str, why: str, allow: str, user: list[str]) -> ConfigError:
     return ConfigError(
-        f"{field}: {subject} {why} (allowed: {', '.join(p + '.' for p in BUILTIN_PREFIXES)}"
-        f"{''.join(', ' + p + '.' for p in dict.fromkeys(user) if p not in BUILTIN_PREFIXES)})"
-        f" — to allow it add `allowed_components: [{allow}]` to the"
-        f" config or set TUNEBENCH_ALLOW={allow}",
+        f"{subject} {why} (allowed: {', '.join(p + '.' for p in BUILTIN_PREFIXES)}"
+        f"{''.join(', ' + p + '.' for p in dict.fromkeys(user) if p not in BUILTIN_PREFIXES)})",
+        hint=f"to allow it add `allowed_components: [{allow}]` to the config or set TUNEBENCH_ALLOW={allow}",
         field=field,
     )
 
@@ -132,7 +132,8 @@ def check_allowed(name: str, *, field: str | None = None, extra: Iterable[str] =
     field = field or str(name)
     if not isinstance(name, str) or not _DOTTED_RE.match(name):
         raise ConfigError(
-            f"{field}: {name!r} is not a dotted import path — write e.g. `_component_: torch.optim.AdamW`",
+            f"{name!r} is not a dotted import path",
+            hint="write e.g. `_component_: torch.optim.AdamW`",
             field=field,
         )
     user = _user_prefixes(extra)
@@ -188,13 +189,15 @@ def import_component(name: str, *, field: str | None = None, extra: Iterable[str
         except ModuleNotFoundError as exc:
             if exc.name and not (modname == exc.name or modname.startswith(exc.name + ".")):
                 raise ConfigError(
-                    f"{field}: importing {modname} failed: missing module {exc.name} — install it",
+                    f"importing {modname} failed: missing module {exc.name}",
+                    hint="install it",
                     field=field,
                 ) from None
             continue
         except Exception as exc:
             raise ConfigError(
-                f"{field}: importing {modname} failed ({type(exc).__name__}: {exc}) — fix that module",
+                f"importing {modname} failed ({type(exc).__name__}: {exc})",
+                hint="fix that module",
                 field=field,
             ) from None
         obj: Any = module
@@ -206,8 +209,8 @@ def import_component(name: str, *, field: str | None = None, extra: Iterable[str
                 if isinstance(obj, type(module)):
                     choices += _module_names(owner)
                 raise ConfigError(
-                    f"{field}: unknown component {name}: {owner} has no {attr!r}"
-                    f"{did_you_mean(attr, choices)} — fix the path",
+                    f"unknown component {name}: {owner} has no {attr!r}{did_you_mean(attr, choices)}",
+                    hint="fix the path",
                     field=field,
                 )
             obj = getattr(obj, attr)
@@ -215,5 +218,5 @@ def import_component(name: str, *, field: str | None = None, extra: Iterable[str
         return obj
     hint = did_you_mean(parts[0], [m.name for m in pkgutil.iter_modules()])
     raise ConfigError(
-        f"{field}: unknown component {name}: no module {parts[0]!r}{hint} — fix the path", field=field
+        f"unknown component {name}: no module {parts[0]!r}{hint}", hint="fix the path", field=field
     )

@@ -1,4 +1,8 @@
-"""The two error shapes of the config system: `ConfigError` (raised) and `ConfigProblem` (collected)."""
+"""The two error shapes of the config system: `ConfigError` (raised) and `ConfigProblem` (collected).
+
+Both carry the same three parts, kept apart: `field` (which key, override or file), `message` (what is
+wrong) and `hint` (what to change). Their one-line form `field: message — hint` is what the CLI prints.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
-class ConfigError(Exception):
-    """A config, override or component the user can fix.
-
-    `str(exc)` is one line: `field: what is wrong — what to do`. The CLI prints it and exits 2.
-    `field` names the config field, override or file ("" when none applies).
-    """
-
-    def __init__(self, message: str, *, field: str = "") -> None:
-        super().__init__(" ".join(str(message).split()))
-        self.field = field
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 @dataclass(frozen=True)
@@ -28,7 +24,44 @@ class ConfigProblem:
     hint: str
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.message} — {self.hint}"
+        return _line(self.field, self.message, self.hint)
+
+
+def _line(label: str, message: str, hint: str) -> str:
+    return (f"{label}: " if label else "") + message + (f" — {hint}" if hint else "")
+
+
+class ConfigError(Exception):
+    """A config, override or component the user can fix.
+
+    Args:
+        message (str): what is wrong, without the field (`must be >= 1, got 0`).
+        field (str): the config field, override or file it is about ("" when none applies).
+        hint (str): what to change (`lower batch_size`); "" when the message says it all.
+        label (str | None): the words that open the line when they are not `field` (an override's
+            `override 'lr=x'`); None: `field`.
+
+    `str(exc)` is one line, `label: message — hint`; the CLI prints it and exits 2. `exc.problem` is
+    the same as a `ConfigProblem` (its `field` is the label the line opens with).
+    """
+
+    def __init__(self, message: str, *, field: str = "", hint: str = "", label: str | None = None) -> None:
+        self.field = field
+        self.message = _one_line(message)
+        self.hint = _one_line(hint)
+        self.label = field if label is None else _one_line(label)
+        super().__init__(_line(self.label, self.message, self.hint))
+
+    @property
+    def problem(self) -> ConfigProblem:
+        """This error as a collected problem (what `validate` lists)."""
+        return ConfigProblem(self.label or "<config>", self.message, self.hint or "fix it")
+
+    @classmethod
+    def from_problem(cls, problem: ConfigProblem, *, more: str = "") -> ConfigError:
+        """Raise a collected problem; `more` is appended to its hint (`(and 2 more: ...)`)."""
+        field = "" if problem.field == "<config>" else problem.field
+        return cls(problem.message, field=field, hint=problem.hint + more, label=problem.field)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -78,7 +78,7 @@ def find_config(name_or_path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        raise ConfigError(f"{text}: is a folder, not a config file — give a .yaml file", field=text)
+        raise ConfigError("is a folder, not a config file", hint="give a .yaml file", field=text)
     root = builtin_config_dir()
     stem = text[:-5] if text.endswith(".yaml") else text[:-4] if text.endswith(".yml") else text
     for candidate in (root / f"{stem}.yaml", root / f"{stem}.yml"):
@@ -86,7 +86,7 @@ def find_config(name_or_path: str | Path) -> Path:
             return candidate
     names = [c.name for c in list_builtin_configs()]
     raise ConfigError(
-        f"{text}: no such file and no built-in config of that name{did_you_mean(stem, names)}"
-        " — give a path to a YAML file or run `tunebench ls` for the built-in ones",
+        f"no such file and no built-in config of that name{did_you_mean(stem, names)}",
+        hint="give a path to a YAML file or run `tunebench ls` for the built-in ones",
         field=text,
     )

@@ -31,7 +31,8 @@ def _build(value: Any, path: str) -> Any:
         return [_build(v, f"{path}.{i}") for i, v in enumerate(value)]
     if has_reference(value):
         raise ConfigError(
-            f"{path}: unresolved interpolation {value!r} — load the config with load_config, which resolves it",
+            f"unresolved interpolation {value!r}",
+            hint="load the config with load_config, which resolves it",
             field=path,
         )
     return value
@@ -48,7 +49,7 @@ def _call(node: dict, path: str, args: tuple, kwargs: dict) -> Any:
         sig = None
     # The top node's config key is the caller's (`instantiate(cfg["model"])`): it is named by its component.
     top = path == name
-    prefix, node_words = ("", f"the node with _component_: {name}") if top else (f"{path}: ", path)
+    label, node_words = ("", f"the node with _component_: {name}") if top else (path, path)
     if sig is not None:
         try:
             sig.bind(*args, **built)
@@ -57,21 +58,25 @@ def _call(node: dict, path: str, args: tuple, kwargs: dict) -> Any:
             if missing:
                 key = missing.group(1)
                 raise ConfigError(
-                    f"{path}.{key}: missing required argument {key!r} of {name} — add `{key}: VALUE` under {node_words}",
+                    f"missing required argument {key!r} of {name}",
+                    hint=f"add `{key}: VALUE` under {node_words}",
                     field=f"{path}.{key}",
                 ) from None
             raise ConfigError(
-                f"{prefix}{name} cannot take these arguments ({exc}) — remove or rename the offending key under"
+                f"{name} cannot take these arguments ({exc})",
+                hint="remove or rename the offending key under"
                 f" {node_words}, or check that {name} is the right kind of component here",
                 field=path,
+                label=label,
             ) from None
     try:
         return target(*args, **built)
     except (TypeError, ValueError) as exc:
         raise ConfigError(
-            f"{prefix}{name}(...) refused its arguments: {exc} — fix "
-            + (f"that value in {node_words}" if top else f"the values under {path}"),
+            f"{name}(...) refused its arguments: {exc}",
+            hint="fix " + (f"that value in {node_words}" if top else f"the values under {path}"),
             field=path,
+            label=label,
         ) from exc
 
 
@@ -87,13 +92,16 @@ def instantiate(node: Any, *args: Any, **kwargs: Any) -> Any:
         return None
     if not isinstance(node, dict):
         raise ConfigError(
-            f"instantiate: expected a mapping with _component_, got {type(node).__name__} {node!r}"
-            " — pass the config node of the component",
+            f"expected a mapping with _component_, got {type(node).__name__} {node!r}",
+            hint="pass the config node of the component",
+            label="instantiate",
         )
     if "_component_" not in node:
         keys = ", ".join(map(str, node)) or "none"
         raise ConfigError(
-            f"instantiate: the mapping has no _component_ key (keys: {keys}) — add `_component_: dotted.path`",
+            f"the mapping has no _component_ key (keys: {keys})",
+            hint="add `_component_: dotted.path`",
+            label="instantiate",
             field="_component_",
         )
     name = node["_component_"]

@@ -32,7 +32,7 @@ def parse_ref(text: str, *, where: str) -> tuple:
     parts = text.strip().split(".")
     if not text.strip() or any(not p for p in parts):
         raise ConfigError(
-            f"{where}: malformed interpolation ${{{text}}} — write ${{key}} or ${{a.b.c}}", field=where
+            f"malformed interpolation ${{{text}}}", hint="write ${key} or ${a.b.c}", field=where
         )
     return tuple(int(p) if p.isdigit() else p for p in parts)
 
@@ -44,20 +44,22 @@ def _step(node: Any, key: Any, *, here: tuple, ref: str, where: str) -> Any:
         if str(key) in node:
             return node[str(key)]
         raise ConfigError(
-            f"{where}: interpolation ${{{ref}}} refers to {dotted(here + (key,))}, which does not exist"
-            f"{did_you_mean(str(key), map(str, node))} — add that key or fix the reference",
+            f"interpolation ${{{ref}}} refers to {dotted(here + (key,))}, which does not exist"
+            f"{did_you_mean(str(key), map(str, node))}",
+            hint="add that key or fix the reference",
             field=where,
         )
     if isinstance(node, list) and isinstance(key, int):
         if key < len(node):
             return node[key]
         raise ConfigError(
-            f"{where}: interpolation ${{{ref}}}: {dotted(here)} has {len(node)} items, no index {key} — fix the index",
+            f"interpolation ${{{ref}}}: {dotted(here)} has {len(node)} items, no index {key}",
+            hint="fix the index",
             field=where,
         )
     raise ConfigError(
-        f"{where}: interpolation ${{{ref}}}: {dotted(here)} is a {type(node).__name__}, it has no key {key!r}"
-        " — fix the reference",
+        f"interpolation ${{{ref}}}: {dotted(here)} is a {type(node).__name__}, it has no key {key!r}",
+        hint="fix the reference",
         field=where,
     )
 
@@ -99,8 +101,8 @@ class Resolver:
             cycle = self._stack[self._stack.index(path) :] + [path]
             where = dotted(cycle[0])
             raise ConfigError(
-                f"{where}: circular interpolation {' -> '.join(dotted(p) for p in cycle)}"
-                " — make one of these a plain value",
+                f"circular interpolation {' -> '.join(dotted(p) for p in cycle)}",
+                hint="make one of these a plain value",
                 field=where,
             )
         self._stack.append(path)
@@ -154,8 +156,8 @@ class Resolver:
                 value = self._lookup(m.group(1), where)
                 if isinstance(value, (dict, list)):
                     raise ConfigError(
-                        f"{where}: ${{{m.group(1)}}} is a {type(value).__name__} and cannot be part of a string"
-                        " — refer to one of its scalar fields instead",
+                        f"${{{m.group(1)}}} is a {type(value).__name__} and cannot be part of a string",
+                        hint="refer to one of its scalar fields instead",
                         field=where,
                     )
                 if value is UNRESOLVED:
@@ -183,5 +185,7 @@ def resolve_interpolations(cfg: dict) -> dict:
         return Resolver(cfg).resolve()
     except RecursionError:
         raise ConfigError(
-            "<config>: nested or chained too deeply to resolve — flatten the config or shorten the chain of references"
+            "nested or chained too deeply to resolve",
+            label="<config>",
+            hint="flatten the config or shorten the chain of references",
         ) from None

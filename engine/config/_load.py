@@ -37,19 +37,20 @@ def split_config_argv(argv: list[str]) -> tuple[str, list[str]]:
     for arg in it:
         if arg == "--config" or arg.startswith("--config="):
             if config is not None:
-                raise ConfigError("--config: given twice — pass one config file", field="--config")
+                raise ConfigError("given twice", hint="pass one config file", field="--config")
             config = arg.split("=", 1)[1] if "=" in arg else next(it, None)
             if not config:
-                raise ConfigError("--config: no file after it — write --config FILE", field="--config")
+                raise ConfigError("no file after it", hint="write --config FILE", field="--config")
         elif arg.startswith("--"):
             raise ConfigError(
-                f"{arg}: unknown option — recipes take --config FILE followed by key=value overrides",
+                "unknown option",
+                hint="recipes take --config FILE followed by key=value overrides",
                 field=arg,
             )
         else:
             overrides.append(arg)
     if config is None:
-        raise ConfigError("--config: missing — write --config FILE [key=value ...]", field="--config")
+        raise ConfigError("missing", hint="write --config FILE [key=value ...]", field="--config")
     return config, overrides
 
 

@@ -45,8 +45,9 @@ def _parse_path(text: str, original: str) -> tuple:
     parts = text.split(".")
     if not text or not all(_SEGMENT_RE.match(p) for p in parts):
         raise ConfigError(
-            f"override {original!r}: {text!r} is not a key path — write key=value, a.b.c=value, list.0.key=value"
-            " or ~key",
+            f"{text!r} is not a key path",
+            hint="write key=value, a.b.c=value, list.0.key=value or ~key",
+            label=f"override {original!r}",
             field=original,
         )
     return tuple(int(p) if p.isdigit() else p for p in parts)
@@ -55,17 +56,23 @@ def _parse_path(text: str, original: str) -> tuple:
 def parse_override(text: str) -> Override:
     """Parse one override string. Raises ConfigError naming the override when malformed."""
     if not isinstance(text, str):
-        raise ConfigError(f"override {text!r}: overrides are strings like key=value", field=str(text))
+        raise ConfigError("overrides are strings like key=value", label=f"override {text!r}", field=str(text))
     raw = text.strip()
     if raw.startswith("~"):
         if "=" in raw:
             raise ConfigError(
-                f"override {text!r}: a deletion takes no value — write ~{raw[1:].split('=')[0]}", field=text
+                "a deletion takes no value",
+                hint=f"write ~{raw[1:].split('=')[0]}",
+                label=f"override {text!r}",
+                field=text,
             )
         return Override("delete", _parse_path(raw[1:], text), None, text)
     if "=" not in raw:
         raise ConfigError(
-            f"override {text!r}: no '=' in it — write key=value (or ~key to delete a key)", field=text
+            "no '=' in it",
+            hint="write key=value (or ~key to delete a key)",
+            label=f"override {text!r}",
+            field=text,
         )
     key, value_text = raw.split("=", 1)
     op: Literal["set", "add"] = "set"
@@ -100,8 +107,9 @@ def _no_index_into_mapping(node: Any, key: Any, ov: Override, where: tuple) -> N
     if isinstance(node, dict) and isinstance(key, int) and key not in node and str(key) not in node:
         keys = ", ".join(map(str, node)) or "none"
         raise ConfigError(
-            f"override {ov.text!r}: {dotted(where) if where else 'the config'} is a mapping, not a list, so it has"
-            f" no item {key} — use one of its keys ({keys})",
+            f"{dotted(where) if where else 'the config'} is a mapping, not a list, so it has no item {key}",
+            hint=f"use one of its keys ({keys})",
+            label=f"override {ov.text!r}",
             field=ov.text,
         )
 
@@ -117,8 +125,9 @@ def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
             if key not in node:
                 if not create:
                     raise ConfigError(
-                        f"override {ov.text!r}: no key {here} in the config{did_you_mean(str(key), map(str, node))}"
-                        " — check the spelling",
+                        f"no key {here} in the config{did_you_mean(str(key), map(str, node))}",
+                        hint="check the spelling",
+                        label=f"override {ov.text!r}",
                         field=ov.text,
                     )
                 node[key] = {}
@@ -126,21 +135,24 @@ def _walk_to_parent(cfg: dict, ov: Override, *, create: bool) -> Any:
         elif isinstance(node, list):
             if not isinstance(key, int) or key >= len(node):
                 raise ConfigError(
-                    f"override {ov.text!r}: {dotted(ov.path[:i])} is a list of {len(node)} items"
-                    f" — use an index from 0 to {len(node) - 1}",
+                    f"{dotted(ov.path[:i])} is a list of {len(node)} items",
+                    hint=f"use an index from 0 to {len(node) - 1}",
+                    label=f"override {ov.text!r}",
                     field=ov.text,
                 )
             node = node[key]
         else:
             raise ConfigError(
-                f"override {ov.text!r}: {dotted(ov.path[:i])} is a {type(node).__name__}, not a mapping or list"
-                f" — override {dotted(ov.path[:i])} itself",
+                f"{dotted(ov.path[:i])} is a {type(node).__name__}, not a mapping or list",
+                hint=f"override {dotted(ov.path[:i])} itself",
+                label=f"override {ov.text!r}",
                 field=ov.text,
             )
     if not isinstance(node, (dict, list)):
         raise ConfigError(
-            f"override {ov.text!r}: {dotted(ov.path[:-1])} is a {type(node).__name__}, not a mapping or list"
-            f" — override {dotted(ov.path[:-1])} itself",
+            f"{dotted(ov.path[:-1])} is a {type(node).__name__}, not a mapping or list",
+            hint=f"override {dotted(ov.path[:-1])} itself",
+            label=f"override {ov.text!r}",
             field=ov.text,
         )
     return node
@@ -153,15 +165,19 @@ def apply_override(cfg: dict, ov: Override) -> None:
     if isinstance(parent, list):
         if not isinstance(key, int) or key >= len(parent):
             raise ConfigError(
-                f"override {ov.text!r}: {dotted(ov.path[:-1])} is a list of {len(parent)} items"
-                f" — use an index from 0 to {len(parent) - 1}",
+                f"{dotted(ov.path[:-1])} is a list of {len(parent)} items",
+                hint=f"use an index from 0 to {len(parent) - 1}",
+                label=f"override {ov.text!r}",
                 field=ov.text,
             )
         if ov.op == "delete":
             del parent[key]
         elif ov.op == "add":
             raise ConfigError(
-                f"override {ov.text!r}: list item {dotted(ov.path)} exists — drop the '+'", field=ov.text
+                f"list item {dotted(ov.path)} exists",
+                hint="drop the '+'",
+                label=f"override {ov.text!r}",
+                field=ov.text,
             )
         else:
             parent[key] = _new_value(cfg, parent[key], ov)
@@ -173,14 +189,17 @@ def apply_override(cfg: dict, ov: Override) -> None:
     if ov.op == "delete":
         if not exists:
             raise ConfigError(
-                f"override {ov.text!r}: no key {dotted(ov.path)} to delete{did_you_mean(str(key), map(str, parent))}"
-                " — check the spelling",
+                f"no key {dotted(ov.path)} to delete{did_you_mean(str(key), map(str, parent))}",
+                hint="check the spelling",
+                label=f"override {ov.text!r}",
                 field=ov.text,
             )
         del parent[key]
     elif ov.op == "add" and exists:
         raise ConfigError(
-            f"override {ov.text!r}: {dotted(ov.path)} already exists — write {ov.text[1:]} (without '+') to change it",
+            f"{dotted(ov.path)} already exists",
+            hint=f"write {ov.text[1:]} (without '+') to change it",
+            label=f"override {ov.text!r}",
             field=ov.text,
         )
     else:
@@ -194,8 +213,9 @@ def _new_value(cfg: dict, old: Any, ov: Override) -> Any:
         return ov.value  # `model=${base_model}`: the reference replaces the whole node
     if not _DOTTED_PATH_RE.match(ov.value):
         raise ConfigError(
-            f"override {ov.text!r}: {dotted(ov.path)} is a component — give a dotted path like torch.optim.SGD"
-            f" or a mapping {{_component_: ..., arg: ...}}",
+            f"{dotted(ov.path)} is a component",
+            hint="give a dotted path like torch.optim.SGD or a mapping {_component_: ..., arg: ...}",
+            label=f"override {ov.text!r}",
             field=ov.text,
         )
     target = import_component(ov.value, field=f"override {ov.text!r}", extra=config_prefixes(cfg))

@@ -117,12 +117,12 @@ def parse_yaml(text: str, *, source: str = "<string>") -> Any:
             hint = "indent with spaces: YAML does not allow tabs"
         elif start is not None and exc.context in _OPENERS:
             hint = f"close the {_OPENERS[exc.context]} opened at line {start.line + 1}, column {start.column + 1}"
-        raise ConfigError(f"{where}: malformed YAML: {what} — {hint}", field=where) from None
+        raise ConfigError(f"malformed YAML: {what}", hint=hint, field=where) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: malformed YAML: {exc} — fix the YAML syntax", field=source) from None
+        raise ConfigError(f"malformed YAML: {exc}", hint="fix the YAML syntax", field=source) from None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise ConfigError(
-            f"{source}: bad YAML value: {exc} — quote it to make it a string", field=source
+            f"bad YAML value: {exc}", hint="quote it to make it a string", field=source
         ) from None
 
 
@@ -136,16 +136,17 @@ def load_yaml(path: str | os.PathLike) -> dict:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
-            f"{p}: no such config file — check the path or run `tunebench ls`", field=str(p)
+            "no such config file", hint="check the path or run `tunebench ls`", field=str(p)
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read the config ({exc}) — check the file", field=str(p)) from None
+        raise ConfigError(f"cannot read the config ({exc})", hint="check the file", field=str(p)) from None
     data = parse_yaml(text, source=str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{p}: the config is a {type(data).__name__}, not a mapping — write `key: value` lines at the top level",
+            f"the config is a {type(data).__name__}, not a mapping",
+            hint="write `key: value` lines at the top level",
             field=str(p),
         )
     return data

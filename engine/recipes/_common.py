@@ -17,90 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ConfigError, KeyRule, find_config, load_config
+from engine.config import ConfigError, find_config, load_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-
-_POSITIVE = KeyRule(int, minimum=1)
-_POSITIVE_OR_NULL = KeyRule(int | None, minimum=1)
-_COMPONENT = KeyRule(dict, component=True, required=True)
-_COMPONENT_OR_NULL = KeyRule(dict | None, component=True)
-
-# What each top-level key of the training recipes accepts; `engine.config.validate` checks a config
-# against these before anything is built (and `tunebench validate` without running), so that
-# `batch_size: two` is one line naming the key, and `optimizer_in_bwd: "no"` is not silently True.
-# A recipe takes the rules of its own keys: `CONFIG_TYPES = key_rules(CONFIG_KEYS)`.
-TRAINING_KEY_RULES: dict[str, KeyRule] = {
-    "output_dir": KeyRule(str | None),
-    "seed": KeyRule(int),
-    "device": KeyRule(str | None, pattern=r"cpu|auto|cuda(:\d+)?", expect="cpu, cuda, cuda:N or auto"),
-    "dtype": KeyRule(str, pattern="|".join(DTYPES), expect="fp32 or bf16"),
-    "checkpoint_dir": KeyRule(str | None),
-    "teacher_checkpoint_dir": KeyRule(str | None),
-    "model": _COMPONENT,
-    "teacher_model": _COMPONENT,
-    "tokenizer": _COMPONENT,
-    "dataset": KeyRule(dict | list, component=True, required=True),
-    "validation": KeyRule(
-        dict | None,
-        keys={
-            "fraction": KeyRule(float, above=0.0, below=1.0),
-            "dataset": KeyRule(dict | list | None, component=True),
-            "every_n_steps": _POSITIVE,
-            "max_batches": _POSITIVE_OR_NULL,
-        },
-    ),
-    "batch_size": _POSITIVE,
-    "gradient_accumulation_steps": _POSITIVE,
-    "epochs": _POSITIVE,
-    "max_steps_per_epoch": _POSITIVE_OR_NULL,
-    "optimizer": _COMPONENT,
-    "lr_scheduler": _COMPONENT_OR_NULL,
-    "clip_grad_norm": KeyRule(float | None, above=0.0),
-    "loss": _COMPONENT_OR_NULL,
-    "optimizer_in_bwd": KeyRule(bool),
-    "enable_activation_checkpointing": KeyRule(bool),
-    "ac_every_k": _POSITIVE,
-    "enable_activation_offloading": KeyRule(bool),
-    "compile": KeyRule(bool),
-    "fsdp": KeyRule(dict | None, keys={"reshard_after_forward": KeyRule(bool), "cpu_offload": KeyRule(bool)}),
-    "data_parallel_replicate_dim": _POSITIVE,
-    "data_parallel_shard_dim": KeyRule(int, minimum=-1),
-    "context_parallel_dim": _POSITIVE,
-    "tensor_parallel_dim": _POSITIVE,
-    "save_every_n_steps": _POSITIVE_OR_NULL,
-    "keep_last_n_checkpoints": _POSITIVE,
-    "save_merged_model": KeyRule(bool),
-    "resume": KeyRule(bool | str | None),
-    "num_workers": KeyRule(int, minimum=0),
-    "shuffle": KeyRule(bool),
-    "log_every_n_steps": _POSITIVE,
-    # GRPO (sync and async)
-    "group_size": _POSITIVE,
-    "max_new_tokens": _POSITIVE,
-    "temperature": KeyRule(float, above=0.0),
-    "top_k": _POSITIVE_OR_NULL,
-    "top_p": KeyRule(float | None, above=0.0, maximum=1.0),
-    "stop_tokens": KeyRule(list[int] | None),
-    "rewards": KeyRule(dict | None, values=KeyRule(dict, component=True)),
-    "reward_weights": KeyRule(dict[str, float] | None, expect="a mapping of reward name to number, or null"),
-    "scale_rewards": KeyRule(bool),
-    "ppo_epochs": _POSITIVE,
-    "minibatch_size": _POSITIVE_OR_NULL,
-    "num_samples_to_log": KeyRule(int, minimum=0),
-    "num_generators": _POSITIVE,
-    "max_staleness": KeyRule(int, minimum=0),
-    "weight_sync_every": _POSITIVE,
-    "ray_address": KeyRule(str | None),
-    "generator_num_cpus": KeyRule(float, above=0.0),
-    "generator_threads": _POSITIVE,
-    "buffer_capacity": _POSITIVE,
-}
-
-
-def key_rules(config_keys: dict[str, str]) -> dict[str, KeyRule]:
-    """The `TRAINING_KEY_RULES` of a recipe's own `CONFIG_KEYS` (its `CONFIG_TYPES`)."""
-    return {k: TRAINING_KEY_RULES[k] for k in config_keys if k in TRAINING_KEY_RULES}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -124,7 +43,7 @@ def parse_dtype(name: str, *, field: str = "dtype") -> torch.dtype:
     try:
         return DTYPES[str(name).lower()]
     except KeyError:
-        raise ConfigError(f"{field}: unknown dtype {name!r} — use fp32 or bf16", field=field) from None
+        raise ConfigError(f"unknown dtype {name!r}", hint="use fp32 or bf16", field=field) from None
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -134,10 +53,10 @@ def pick_device(name: str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
-            "device: cuda requested but no CUDA device is visible — set device=cpu", field="device"
+            "cuda requested but no CUDA device is visible", hint="set device=cpu", field="device"
         )
     if name not in ("cpu",) and not name.startswith("cuda"):
-        raise ConfigError(f"device: unknown device {name!r} — use cpu, cuda or auto", field="device")
+        raise ConfigError(f"unknown device {name!r}", hint="use cpu, cuda or auto", field="device")
     return torch.device(name)
 
 
@@ -182,8 +101,9 @@ class EpochBatchSampler:
         global_batch = batch_size * world_size
         if num_samples < global_batch:
             raise ConfigError(
-                f"batch_size: the dataset has {num_samples} samples, fewer than one global batch "
-                f"({batch_size} x {world_size} ranks) — lower batch_size or use more data",
+                f"the dataset has {num_samples} samples, fewer than one global batch "
+                f"({batch_size} x {world_size} ranks)",
+                hint="lower batch_size or use more data",
                 field="batch_size",
             )
         self.num_samples, self.batch_size = num_samples, batch_size
@@ -254,15 +174,16 @@ def resolve_model_dir(path: str | Path, *, field: str = "checkpoint_dir") -> Pat
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file() and (folder / "adapter_config.json").is_file():
         raise ConfigError(
-            f"{field}: {folder} holds LoRA adapters (adapter_config.json), not a full model — point {field} at "
+            f"{folder} holds LoRA adapters (adapter_config.json), not a full model",
+            hint=f"point {field} at "
             "the base model folder (the adapters' base_model_name_or_path), or use `tunebench resume` to continue "
             "training those adapters",
             field=field,
         )
     if not (folder / "config.json").is_file():
         raise ConfigError(
-            f"{field}: {folder} is not a model folder (no config.json) — point it at a Hugging Face "
-            "model folder (tunebench download REPO_ID) or use 'demo'",
+            f"{folder} is not a model folder (no config.json)",
+            hint="point it at a Hugging Face model folder (tunebench download REPO_ID) or use 'demo'",
             field=field,
         )
     return folder
@@ -279,8 +200,8 @@ def check_vocab(model: nn.Module, tokenizer: Any, *, field: str = "model") -> No
     size = getattr(tokenizer, "vocab_size", None)
     if isinstance(rows, int) and isinstance(size, int) and size > rows:
         raise ConfigError(
-            f"{field}.vocab_size: the model has {rows} token embeddings but the tokenizer has {size} tokens "
-            f"— use the model's own tokenizer, or set {field}.vocab_size to at least {size}",
+            f"the model has {rows} token embeddings but the tokenizer has {size} tokens",
+            hint=f"use the model's own tokenizer, or set {field}.vocab_size to at least {size}",
             field=f"{field}.vocab_size",
         )
 
@@ -304,8 +225,8 @@ def check_sequence_length(
     longest = int(max(lengths))
     if longest > limit:
         raise ConfigError(
-            f"{field}.max_seq_len: samples are up to {longest} tokens but {model_field}.max_seq_len is {limit} "
-            f"— set the dataset's max_seq_len to {limit} or less (or raise {model_field}.max_seq_len)",
+            f"samples are up to {longest} tokens but {model_field}.max_seq_len is {limit}",
+            hint=f"set the dataset's max_seq_len to {limit} or less (or raise {model_field}.max_seq_len)",
             field=f"{field}.max_seq_len",
         )
 
@@ -352,7 +273,7 @@ def check_local_paths(cfg: dict) -> None:
     for where, node in nodes:
         for field, source in _dataset_sources(node, where):
             if not Path(source).expanduser().exists():
-                raise ConfigError(f"{field}: {source}: no such file or folder — check the path", field=field)
+                raise ConfigError(f"{source}: no such file or folder", hint="check the path", field=field)
     tokenizer = cfg.get("tokenizer")
     loads_files = isinstance(tokenizer, dict) and str(tokenizer.get("_component_", "")).endswith(
         "load_tokenizer"
@@ -360,8 +281,8 @@ def check_local_paths(cfg: dict) -> None:
     path = tokenizer.get("path") if loads_files else None
     if isinstance(path, str) and path != "demo" and not Path(path).expanduser().exists():
         raise ConfigError(
-            f"tokenizer.path: {path}: no such file or folder — point it at the model folder that holds "
-            "tokenizer.json or tokenizer.model",
+            f"{path}: no such file or folder",
+            hint="point it at the model folder that holds tokenizer.json or tokenizer.model",
             field="tokenizer.path",
         )
 
@@ -383,15 +304,15 @@ def check_output_dir(path: str | Path) -> None:
     if not existing.is_dir():
         inside = "" if existing == folder else f", so {folder} cannot be made"
         raise ConfigError(
-            f"output_dir: {existing} is a file{inside} — choose a folder for output_dir", field="output_dir"
+            f"{existing} is a file{inside}", hint="choose a folder for output_dir", field="output_dir"
         )
     try:
         with tempfile.TemporaryFile(dir=existing, prefix=".tunebench-write-test-"):
             pass
     except OSError as exc:
         raise ConfigError(
-            f"output_dir: cannot write in {existing} ({exc.strerror}), so checkpoints cannot go to {folder} "
-            "— choose a writable output_dir",
+            f"cannot write in {existing} ({exc.strerror}), so checkpoints cannot go to {folder}",
+            hint="choose a writable output_dir",
             field="output_dir",
         ) from None
 
@@ -451,7 +372,7 @@ def refuse_config_problems(cfg: dict, *, recipe: str) -> None:
             if len(problems) > 1
             else ""
         )
-        raise ConfigError(f"{problems[0]}{more}", field=problems[0].field)
+        raise ConfigError.from_problem(problems[0], more=more)
 
 
 class LossIsNaN(RuntimeError):

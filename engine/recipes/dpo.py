@@ -26,13 +26,13 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
+from engine.config.schema import Schema
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
     check_sequence_length,
     check_vocab,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
@@ -40,36 +40,60 @@ from engine.recipes._common import (
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
 from engine.rl.logprobs import token_logprobs
 from engine.rl.policy import all_reduce_sum, build_model, rank_world, reference_context
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
-    "seed": "seed for new parameters (adapters) and data order",
-    "device": "cpu, cuda or auto",
-    "dtype": "fp32 or bf16",
-    "checkpoint_dir": "Hugging Face model folder of the starting policy (and reference), 'demo', or null (random)",
-    "model": "_component_ model builder; lora_* trains adapters and uses the adapter-free base as reference",
-    "tokenizer": "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)",
-    "dataset": "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
-    "batch_size": "preference pairs per micro-batch on each rank",
-    "gradient_accumulation_steps": "micro-batches per optimizer step",
-    "epochs": "passes over the pairs",
-    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
-    "optimizer": "_component_ optimizer; DPO wants small LRs (5e-7 full, 5e-6..5e-5 LoRA on real models)",
-    "lr_scheduler": "_component_ schedule (num_training_steps is filled in), or null",
-    "clip_grad_norm": "max global gradient norm (null: none)",
-    "loss": "_component_ engine.modules.loss.DPOLoss {beta, label_smoothing, loss_type: sigmoid|ipo|hinge}",
-    "enable_activation_checkpointing": "recompute policy blocks in backward (less memory, ~30% slower)",
-    "compile": "torch.compile each block",
-    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs",
-    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
-    "shuffle": "shuffle pairs each epoch (seeded)",
-    "allowed_components": "extra module prefixes allowed in _component_",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        **shared_fields("output_dir"),
+        "seed": shared("seed", "seed for new parameters (adapters) and data order"),
+        **shared_fields("device", "dtype"),
+        "checkpoint_dir": shared(
+            "checkpoint_dir",
+            "Hugging Face model folder of the starting policy (and reference), 'demo', or null (random)",
+        ),
+        "model": shared(
+            "model",
+            "_component_ model builder; lora_* trains adapters and uses the adapter-free base as reference",
+        ),
+        "tokenizer": shared(
+            "tokenizer", "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)"
+        ),
+        "dataset": shared(
+            "dataset",
+            "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
+            controls=(),
+        ),  # fmt: skip
+        "batch_size": shared("batch_size", "preference pairs per micro-batch on each rank"),
+        **shared_fields("gradient_accumulation_steps"),
+        "epochs": shared("epochs", "passes over the pairs"),
+        **shared_fields("max_steps_per_epoch"),
+        "optimizer": shared(
+            "optimizer",
+            "_component_ optimizer; DPO wants small LRs (5e-7 full, 5e-6..5e-5 LoRA on real models)",
+        ),
+        **shared_fields("lr_scheduler", "clip_grad_norm"),
+        "loss": shared(
+            "loss",
+            "_component_ engine.modules.loss.DPOLoss {beta, label_smoothing, loss_type: sigmoid|ipo|hinge}",
+        ),
+        "enable_activation_checkpointing": shared(
+            "enable_activation_checkpointing",
+            "recompute policy blocks in backward (less memory, ~30% slower)",
+        ),
+        **shared_fields("compile", "fsdp", "save_every_n_steps", "keep_last_n_checkpoints", "resume"),
+        "shuffle": shared("shuffle", "shuffle pairs each epoch (seeded)"),
+    },
+    absent={
+        "optimizer_in_bwd": _NO_BWD,
+        "linear_ce": "its loss is DPOLoss on sequence log-probs, not cross-entropy",
+        "packing": "preference pairs are padded, never packed",
+    },
+)
 
 
 class DPORecipe:
@@ -82,25 +106,21 @@ class DPORecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.dist_info = dist_info
         self.rank, self.world_size = rank_world()
-        self.device = pick_device(cfg.get("device"))
+        self.device = pick_device(cfg["device"])
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/dpo")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
-                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
-            if value < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.save_every = cfg.get("save_every_n_steps")
+        self.dtype = parse_dtype(cfg["dtype"])
+        self.output_dir = Path(cfg["output_dir"] or "./runs/dpo")
+        self.seed = int(cfg["seed"])
+        self.batch_size = int(cfg["batch_size"])
+        self.accum = int(cfg["gradient_accumulation_steps"])
+        self.epochs = int(cfg["epochs"])
+        self.keep_last = int(cfg["keep_last_n_checkpoints"])
+        self.clip_grad_norm = cfg["clip_grad_norm"]
+        self.save_every = cfg["save_every_n_steps"]
         self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
         self.stop = StopFlag()
@@ -115,21 +135,19 @@ class DPORecipe:
         self.logger = MetricLogger.from_env(rank=self.rank)
         cfg = self.cfg
         common = {"dtype": self.dtype, "seed": self.seed, "device": self.device, "dist_info": self.dist_info,
-                  "compile": bool(cfg.get("compile", False)), "fsdp_cfg": cfg.get("fsdp")}  # fmt: skip
+                  "compile": bool(cfg["compile"]), "fsdp_cfg": cfg["fsdp"]}  # fmt: skip
         self.model, self.is_lora, self.model_dir = build_model(
-            cfg["model"], cfg.get("checkpoint_dir"), trainable=True,
-            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+            cfg["model"], cfg["checkpoint_dir"], trainable=True,
+            activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
         self.reference = None
         if not self.is_lora:  # full fine-tuning: a frozen copy of the starting weights
-            self.reference, _, _ = build_model(
-                cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
-            )
+            self.reference, _, _ = build_model(cfg["model"], cfg["checkpoint_dir"], trainable=False, **common)
         self.tokenizer = self._setup_tokenizer()
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
         self.optimizer, self.lr_scheduler = self._setup_optimizer()
-        node = cfg.get("loss") or {"_component_": "engine.modules.loss.DPOLoss"}
+        node = cfg["loss"] or {"_component_": "engine.modules.loss.DPOLoss"}
         self.loss_fn = instantiate(node)
         self._maybe_resume()
         self.stop.install()
@@ -137,10 +155,10 @@ class DPORecipe:
     def _setup_tokenizer(self):
         from engine.recipes._common import resolve_model_dir
 
-        node = self.cfg.get("tokenizer")
+        node = self.cfg["tokenizer"]
         if node is None:
             raise ConfigError(
-                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+                "missing", hint="add a tokenizer component (load_tokenizer with path)", field="tokenizer"
             )
         if isinstance(node, dict) and str(node.get("path")) == "demo":
             return instantiate(node, path=str(resolve_model_dir("demo")))
@@ -154,13 +172,14 @@ class DPORecipe:
         check_sequence_length(self.model, dataset)
         if len(dataset) and "chosen_tokens" not in dataset[0]:
             raise ConfigError(
-                "dataset: DPO needs preference pairs (chosen/rejected) — use preference_dataset, "
+                "DPO needs preference pairs (chosen/rejected)",
+                hint="use preference_dataset, "
                 "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
                 field="dataset",
             )
         self.sampler = EpochBatchSampler(
             len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
-            seed=self.seed, shuffle=bool(self.cfg.get("shuffle", True)),
+            seed=self.seed, shuffle=bool(self.cfg["shuffle"]),
         )  # fmt: skip
         self.loader = DataLoader(
             dataset,
@@ -170,11 +189,11 @@ class DPORecipe:
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
             raise ConfigError(
-                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)} "
-                "— lower it or the batch size, or use more pairs",
+                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
+                hint="lower it or the batch size, or use more pairs",
                 field="gradient_accumulation_steps",
             )
-        if self.cfg.get("max_steps_per_epoch") is not None:
+        if self.cfg["max_steps_per_epoch"] is not None:
             per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
@@ -182,12 +201,12 @@ class DPORecipe:
     def _setup_optimizer(self):
         if "optimizer" not in self.cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 5e-6}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 5e-6}", field="optimizer"
             )
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = instantiate(self.cfg["optimizer"], params)
         scheduler = None
-        if self.cfg.get("lr_scheduler") is not None:
+        if self.cfg["lr_scheduler"] is not None:
             scheduler = instantiate(self.cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
         return optimizer, scheduler
 

@@ -24,108 +24,119 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.config import ConfigError, KeyRule, find_config, load_config
-from engine.recipes._common import TRAINING_KEY_RULES, check_output_dir, parse_recipe_args
+from engine.config import ConfigError, ConfigProblem, find_config, load_config
+from engine.config.schema import Field, Schema
+from engine.recipes._common import check_output_dir, parse_recipe_args
+from engine.recipes._fields import SHARED
 
-CONFIG_KEYS: dict[str, str] = {
-    "model_dir": "model to score: HF folder, PEFT adapter folder (LoRA checkpoint) or 'demo'",
-    "tasks": "lm-eval tasks: names, files in configs/eval/tasks (arith_mc, gsm8k_local) or task YAML paths",
-    "limit": "first N documents per task (null: all); a fraction below 1 takes that share",
-    "num_fewshot": "few-shot examples per prompt (null: each task's own)",
-    "batch_size": "requests per forward pass (larger is faster until memory runs out)",
-    "max_length": "context length (null: the model config's max_position_embeddings)",
-    "max_gen_toks": "new-token budget for generation tasks that set none",
-    "gen_kwargs": "generation settings overriding the tasks' ({max_gen_toks: 64, temperature: 0})",
-    "apply_chat_template": "wrap prompts in the tokenizer's chat template (instruct models)",
-    "task_dirs": "extra folders of lm-eval task YAMLs",
-    "dtype": "fp32 or bf16 (null: fp32 on CPU, bf16 on CUDA)",
-    "device": "cpu, cuda or auto",
-    "quantize_base": "LoRA adapters only: keep the base in NF4 as QLoRA trained it",
-    "seed": "seed for lm-eval's few-shot sampling and any sampled generation",
-    "run": "tracker run (id, name or prefix) the scores belong to (null: TUNEBENCH_RUN_ID, else none)",
-    "step": "training step of the checkpoint, stored with the scores (null: 0)",
-    "output_dir": "folder for eval/step_<N>.json with lm-eval's full results (null: not written)",
-    "resume": "accepted for the launcher's resume; evaluation simply runs again",
-    "allowed_components": "extra module prefixes allowed in _component_ (see the Config section)",
-}
 
-# What each key accepts (engine.config.validate checks it before anything loads); null means the default.
-CONFIG_TYPES: dict[str, KeyRule] = {
-    "model_dir": KeyRule(str | None),
-    "tasks": KeyRule(list[str] | str | None),
-    "limit": KeyRule(float | None, above=0.0),
-    "num_fewshot": KeyRule(int | None, minimum=0),
-    "batch_size": KeyRule(int | None, minimum=1),
-    "max_length": KeyRule(int | None, minimum=1),
-    "max_gen_toks": KeyRule(int | None, minimum=1),
-    "gen_kwargs": KeyRule(dict | None),
-    "apply_chat_template": KeyRule(bool | None),
-    "task_dirs": KeyRule(list[str] | None),
-    "dtype": KeyRule(str | None, pattern=TRAINING_KEY_RULES["dtype"].pattern, expect="fp32, bf16 or null"),
-    "device": KeyRule(
-        str | None, pattern=TRAINING_KEY_RULES["device"].pattern, expect="cpu, cuda, cuda:N or auto"
-    ),
-    "quantize_base": KeyRule(bool | None),
-    "seed": KeyRule(int | None),
-    "run": KeyRule(str | int | None),
-    "step": KeyRule(int | None, minimum=0),
-    "output_dir": KeyRule(str | None),
-    "resume": KeyRule(bool | str | None),
-}
+def _model_and_tasks_given(cfg: dict) -> list[ConfigProblem]:
+    return [
+        ConfigProblem(key, "missing", f"set {key}=... (see configs/eval/arith_mc.yaml)")
+        for key in ("model_dir", "tasks")
+        if not cfg.get(key)
+    ]
 
-MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
 
-DEFAULTS = {
-    "limit": None,
-    "num_fewshot": None,
-    "batch_size": 8,
-    "max_length": None,
-    "max_gen_toks": 256,
-    "gen_kwargs": None,
-    "apply_chat_template": False,
-    "task_dirs": [],
-    "dtype": None,
-    "device": "auto",
-    "quantize_base": False,
-    "seed": 0,
-    "run": None,
-    "step": None,
-    "output_dir": None,
-}
+_DTYPE, _DEVICE = SHARED["dtype"], SHARED["device"]
+
+# Every key this recipe reads (null means the default); engine.config.validate checks it before anything loads.
+CONFIG_SCHEMA = Schema(
+    {
+        "model_dir": Field(
+            str | None, None, "model to score: HF folder, PEFT adapter folder (LoRA checkpoint) or 'demo'"
+        ),
+        "tasks": Field(
+            list[str] | str | None,
+            None,
+            "lm-eval tasks: names, files in configs/eval/tasks (arith_mc, gsm8k_local) or task YAML paths",
+        ),  # fmt: skip
+        "limit": Field(
+            float | None,
+            None,
+            "first N documents per task (null: all); a fraction below 1 takes that share",
+            above=0.0,
+        ),
+        "num_fewshot": Field(
+            int | None, None, "few-shot examples per prompt (null: each task's own)", minimum=0
+        ),
+        "batch_size": Field(
+            int | None, 8, "requests per forward pass (larger is faster until memory runs out)", minimum=1
+        ),
+        "max_length": Field(
+            int | None, None, "context length (null: the model config's max_position_embeddings)", minimum=1
+        ),
+        "max_gen_toks": Field(
+            int | None, 256, "new-token budget for generation tasks that set none", minimum=1
+        ),
+        "gen_kwargs": Field(
+            dict | None,
+            None,
+            "generation settings overriding the tasks' ({max_gen_toks: 64, temperature: 0})",
+        ),
+        "apply_chat_template": Field(
+            bool | None, False, "wrap prompts in the tokenizer's chat template (instruct models)"
+        ),
+        "task_dirs": Field(list[str] | None, [], "extra folders of lm-eval task YAMLs"),
+        "dtype": _DTYPE.but(
+            type=str | None,
+            default=None,
+            doc="fp32 or bf16 (null: fp32 on CPU, bf16 on CUDA)",
+            expect="fp32, bf16 or null",
+        ),
+        "device": _DEVICE.but(default="auto", doc="cpu, cuda or auto"),
+        "quantize_base": Field(
+            bool | None, False, "LoRA adapters only: keep the base in NF4 as QLoRA trained it"
+        ),
+        "seed": Field(int | None, 0, "seed for lm-eval's few-shot sampling and any sampled generation"),
+        "run": Field(
+            str | int | None,
+            None,
+            "tracker run (id, name or prefix) the scores belong to (null: TUNEBENCH_RUN_ID, else none)",
+        ),
+        "step": Field(
+            int | None, None, "training step of the checkpoint, stored with the scores (null: 0)", minimum=0
+        ),
+        "output_dir": Field(
+            str | None, None, "folder for eval/step_<N>.json with lm-eval's full results (null: not written)"
+        ),
+        "resume": Field(
+            bool | str | None, False, "accepted for the launcher's resume; evaluation simply runs again"
+        ),
+    },
+    checks=(_model_and_tasks_given,),
+    max_nproc=1,
+    nproc_note="evaluation runs on one process",
+    absent={
+        c: "evaluation trains nothing"
+        for c in (
+            "lora_rank",
+            "optimizer",
+            "activation_checkpointing",
+            "optimizer_in_bwd",
+            "linear_ce",
+            "compile",
+            "packing",
+        )
+    },  # fmt: skip
+)
 
 
 def check_config(cfg: dict) -> dict:
-    """`cfg` with defaults filled in. Raises ConfigError for unknown keys (did-you-mean from
-    `engine.config.validate`), a missing `model_dir`/`tasks`, or values of the wrong kind."""
+    """`cfg` with defaults filled in (null means the default). Raises ConfigError for unknown keys
+    (did-you-mean), a missing `model_dir`/`tasks`, values of the wrong kind (all from
+    `engine.config.validate`), or a `task_dirs` entry that is not a folder."""
     from engine.config import validate
 
     problems = validate(cfg, recipe="eval")
     if problems:
-        raise ConfigError(str(problems[0]), field=problems[0].field)
-    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k not in DEFAULTS}}
-    for key in ("model_dir", "tasks"):
-        if not out.get(key):
-            raise ConfigError(f"{key}: missing — set {key}=... (see configs/eval/arith_mc.yaml)", field=key)
-    for key in ("batch_size", "max_gen_toks"):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
-            raise ConfigError(f"{key}: {out[key]!r} must be a positive integer", field=key)
-    for key in ("num_fewshot", "step", "max_length"):
-        if out[key] is not None and (
-            not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 0
-        ):
-            raise ConfigError(f"{key}: {out[key]!r} must be a whole number >= 0 or null", field=key)
-    limit = out["limit"]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-        raise ConfigError(f"limit: {limit!r} must be a positive number or null", field="limit")
+        raise ConfigError.from_problem(problems[0])
+    out = CONFIG_SCHEMA.fill({k: v for k, v in cfg.items() if v is not None})
     for folder in out["task_dirs"] or ():
         if not Path(folder).expanduser().is_dir():
             raise ConfigError(
-                f"task_dirs: {folder} is not a folder — give folders of lm-eval task YAMLs", field="task_dirs"
+                f"{folder} is not a folder", hint="give folders of lm-eval task YAMLs", field="task_dirs"
             )
-    if out["gen_kwargs"] is not None and not isinstance(out["gen_kwargs"], dict):
-        raise ConfigError("gen_kwargs: must be a mapping such as {max_gen_toks: 64}", field="gen_kwargs")
-    if out["dtype"] is not None and str(out["dtype"]).lower() not in ("fp32", "float32", "bf16", "bfloat16"):
-        raise ConfigError(f"dtype: unknown dtype {out['dtype']!r} — use fp32 or bf16", field="dtype")
     return out
 
 
@@ -144,8 +155,8 @@ class EvalRecipe:
         folder = Path(spec).expanduser()
         if not folder.is_dir():
             raise ConfigError(
-                f"model_dir: {folder} is not a model folder (no such folder) — point it at a Hugging Face model folder, a run's "
-                "checkpoints/step_<N>/model, or demo",
+                f"{folder} is not a model folder (no such folder)",
+                hint="point it at a Hugging Face model folder, a run's checkpoints/step_<N>/model, or demo",
                 field="model_dir",
             )
         return folder
@@ -163,7 +174,8 @@ class EvalRecipe:
                 return get_run(str(ref), db=db).id
         except TrackerError as exc:  # no such run, or no tracker database at all
             raise ConfigError(
-                f"run: {ref!r} is not a tracker run ({exc}) — set run to one from `tunebench runs`, or null",
+                f"{ref!r} is not a tracker run ({exc})",
+                hint="set run to one from `tunebench runs`, or null",
                 field="run",
             ) from None
 

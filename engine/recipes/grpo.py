@@ -28,60 +28,152 @@ import torch
 from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import save_checkpoint
-from engine.config import ConfigError, instantiate
+from engine.config import ConfigError, ConfigProblem, instantiate
+from engine.config.schema import Field, Schema
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
     check_vocab,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
 from engine.rl.policy import build_model, rank_world
 from engine.rl.rollout import Rollout, generate_and_score, score  # noqa: F401 - score re-exported
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder (checkpoints, samples.jsonl)",
-    "seed": "seed for new parameters, prompt order and sampling",
-    "device": "cpu, cuda or auto",
-    "dtype": "fp32 or bf16",
-    "checkpoint_dir": "Hugging Face model folder of the starting policy, 'demo', or null (random init)",
-    "model": "_component_ model builder; lora_* trains adapters (reference = adapters disabled)",
-    "tokenizer": "_component_ tokenizer ('demo' path for the embedded model's)",
-    "dataset": "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...): prompts + answers",
-    "batch_size": "prompts per step",
-    "group_size": "completions sampled per prompt (G); advantages are normalised within each group",
-    "max_new_tokens": "completion length cap",
-    "temperature": "sampling temperature of the rollouts (and of the log-probs of the ratio)",
-    "top_k": "sample from the k most likely tokens (null: all)",
-    "top_p": "nucleus sampling mass (null: off)",
-    "stop_tokens": "extra token ids that end a completion (the tokenizer's stop tokens always do)",
-    "rewards": "{name: _component_ reward fn} called with completions=, answers=, prompts= (engine.rl.rewards)",
-    "reward_weights": "{name: weight} for the total reward (default 1 each)",
-    "scale_rewards": "divide advantages by the group's std (true, GRPO) or only centre them (false, Dr. GRPO)",
-    "ppo_epochs": "optimisation passes over each batch of rollouts (>1 reuses samples; the ratio is clipped)",
-    "minibatch_size": "completions per optimizer step (null: all of the step's batch_size * group_size)",
-    "epochs": "passes over the prompts",
-    "max_steps_per_epoch": "cap on rollout steps per epoch (null: whole epoch)",
-    "optimizer": "_component_ optimizer (params passed in)",
-    "lr_scheduler": "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
-    "clip_grad_norm": "max global gradient norm (null: none)",
-    "loss": "_component_ engine.modules.loss.GRPOLoss {epsilon, epsilon_high, kl_coeff, aggregation}",
-    "num_samples_to_log": "completions per step written to output_dir/samples.jsonl",
-    "enable_activation_checkpointing": "recompute blocks in backward",
-    "compile": "torch.compile each block",
-    "save_every_n_steps": "checkpoint period in steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
-    "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
-MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
-CALL_SITE_ARGS = {"completions", "answers", "prompts"}
+_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
+_POSITIVE = Field(int, 1, "", minimum=1)
+
+
+def _rollout_problems(cfg: dict) -> list[ConfigProblem]:
+    """Rewards to score with, weights naming them, and minibatches that split the step's rollouts."""
+    out = []
+    rewards = cfg["rewards"] or {}
+    if not rewards:
+        out.append(
+            ConfigProblem(
+                "rewards", "missing", "add e.g. {math: {_component_: engine.rl.rewards.math_reward}}"
+            )
+        )
+    unknown = sorted(set(cfg["reward_weights"] or {}) - set(rewards))
+    if rewards and unknown:
+        out.append(
+            ConfigProblem(
+                "reward_weights", f"{unknown[0]!r} is not a reward name", f"use one of {sorted(rewards)}"
+            )
+        )
+    rows = cfg["batch_size"] * cfg["group_size"]
+    mini = cfg["minibatch_size"] or rows
+    if rows % mini:
+        out.append(
+            ConfigProblem(
+                "minibatch_size",
+                f"{mini} does not divide batch_size * group_size = {rows}",
+                f"use a divisor of {rows}, or null for all {rows} in one step",
+            )
+        )
+    return out
+
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        "output_dir": shared("output_dir", "run folder (checkpoints, samples.jsonl)"),
+        "seed": shared("seed", "seed for new parameters, prompt order and sampling"),
+        **shared_fields("device", "dtype"),
+        "checkpoint_dir": shared(
+            "checkpoint_dir",
+            "Hugging Face model folder of the starting policy, 'demo', or null (random init)",
+        ),
+        "model": shared(
+            "model", "_component_ model builder; lora_* trains adapters (reference = adapters disabled)"
+        ),
+        "tokenizer": shared("tokenizer", "_component_ tokenizer ('demo' path for the embedded model's)"),
+        "dataset": shared(
+            "dataset",
+            "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...): prompts + answers",
+            controls=(),
+        ),  # fmt: skip
+        "batch_size": shared("batch_size", "prompts per step"),
+        "group_size": _POSITIVE.but(
+            default=8, doc="completions sampled per prompt (G); advantages are normalised within each group"
+        ),
+        "max_new_tokens": _POSITIVE.but(default=128, doc="completion length cap"),
+        "temperature": Field(
+            float, 1.0, "sampling temperature of the rollouts (and of the log-probs of the ratio)", above=0.0
+        ),
+        "top_k": Field(int | None, None, "sample from the k most likely tokens (null: all)", minimum=1),
+        "top_p": Field(float | None, None, "nucleus sampling mass (null: off)", above=0.0, maximum=1.0),
+        "stop_tokens": Field(
+            list[int] | None,
+            None,
+            "extra token ids that end a completion (the tokenizer's stop tokens always do)",
+        ),
+        "rewards": Field(
+            dict | None,
+            None,
+            "{name: _component_ reward fn} called with completions=, answers=, prompts= (engine.rl.rewards)",
+            values=Field(dict, None, "a reward function", component=True),
+        ),  # fmt: skip
+        "reward_weights": Field(
+            dict[str, float] | None,
+            None,
+            "{name: weight} for the total reward (default 1 each)",
+            expect="a mapping of reward name to number, or null",
+        ),  # fmt: skip
+        "scale_rewards": Field(
+            bool,
+            True,
+            "divide advantages by the group's std (true, GRPO) or only centre them (false, Dr. GRPO)",
+        ),
+        "ppo_epochs": _POSITIVE.but(
+            doc="optimisation passes over each batch of rollouts (>1 reuses samples; the ratio is clipped)"
+        ),
+        "minibatch_size": Field(
+            int | None,
+            None,
+            "completions per optimizer step (null: all of the step's batch_size * group_size)",
+            minimum=1,
+        ),  # fmt: skip
+        "epochs": shared("epochs", "passes over the prompts"),
+        "max_steps_per_epoch": shared(
+            "max_steps_per_epoch", "cap on rollout steps per epoch (null: whole epoch)"
+        ),
+        **shared_fields("optimizer"),
+        "lr_scheduler": shared(
+            "lr_scheduler",
+            "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
+        ),
+        **shared_fields("clip_grad_norm"),
+        "loss": shared(
+            "loss", "_component_ engine.modules.loss.GRPOLoss {epsilon, epsilon_high, kl_coeff, aggregation}"
+        ),
+        "num_samples_to_log": Field(
+            int, 4, "completions per step written to output_dir/samples.jsonl", minimum=0
+        ),
+        "enable_activation_checkpointing": shared(
+            "enable_activation_checkpointing", "recompute blocks in backward"
+        ),
+        **shared_fields("compile"),
+        "save_every_n_steps": shared(
+            "save_every_n_steps", "checkpoint period in steps (null: epoch ends only)"
+        ),
+        **shared_fields("keep_last_n_checkpoints", "resume"),
+    },
+    checks=(_rollout_problems,),
+    max_nproc=1,
+    nproc_note="synchronous GRPO runs on one process (grpo_async spreads the rollouts)",
+    absent={
+        "optimizer_in_bwd": _NO_BWD,
+        "linear_ce": "GRPOLoss works on per-token log-probs, not cross-entropy",
+        "packing": "prompts are sampled into rollouts, not packed",
+    },
+    call_site_args=frozenset({"completions", "answers", "prompts"}),
+)
 
 
 def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -109,55 +201,29 @@ class GRPORecipe:
         cfg (dict): resolved config. Raises ConfigError for values that cannot work (named).
     """
 
+    schema = CONFIG_SCHEMA  # a subclass with more keys names its own
+
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = self.schema.check(cfg)  # every key checked, defaults filled in
         self.rank, self.world_size = rank_world()
-        if self.world_size > 1:
-            raise ConfigError(
-                "nproc_per_node: synchronous GRPO runs on one process — use 1, or grpo_async to spread rollouts",
-                field="nproc_per_node",
-            )
-        self.device = pick_device(cfg.get("device"))
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/grpo")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.group_size = int(cfg.get("group_size", 8))
-        self.max_new_tokens = int(cfg.get("max_new_tokens", 128))
-        self.temperature = float(cfg.get("temperature", 1.0))
-        self.ppo_epochs = int(cfg.get("ppo_epochs", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        rows = self.batch_size * self.group_size
-        self.minibatch_size = int(cfg.get("minibatch_size") or rows)
-        for key, value in (("batch_size", self.batch_size), ("group_size", self.group_size),
-                           ("max_new_tokens", self.max_new_tokens), ("ppo_epochs", self.ppo_epochs),
-                           ("epochs", self.epochs), ("minibatch_size", self.minibatch_size)):  # fmt: skip
-            if value < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
-        if self.temperature <= 0:
-            raise ConfigError("temperature: GRPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
-        if rows % self.minibatch_size:
-            raise ConfigError(
-                f"minibatch_size: {self.minibatch_size} does not divide batch_size * group_size = {rows} "
-                f"— use a divisor of {rows}, or null for all {rows} in one step",
-                field="minibatch_size",
-            )
-        self.reward_nodes = dict(cfg.get("rewards") or {})
-        if not self.reward_nodes:
-            raise ConfigError(
-                "rewards: missing — add e.g. {math: {_component_: engine.rl.rewards.math_reward}}",
-                field="rewards",
-            )
-        self.reward_weights = dict(cfg.get("reward_weights") or {})
-        unknown = set(self.reward_weights) - set(self.reward_nodes)
-        if unknown:
-            raise ConfigError(
-                f"reward_weights: {sorted(unknown)[0]!r} is not a reward name — use one of {sorted(self.reward_nodes)}",
-                field="reward_weights",
-            )
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.save_every = cfg.get("save_every_n_steps")
+        if (wrong := self.schema.world_size_error(self.world_size, cfg)) is not None:
+            raise wrong
+        self.device = pick_device(cfg["device"])
+        self.dtype = parse_dtype(cfg["dtype"])
+        self.output_dir = Path(cfg["output_dir"] or "./runs/grpo")
+        self.seed = cfg["seed"]
+        self.batch_size = cfg["batch_size"]
+        self.group_size = cfg["group_size"]
+        self.max_new_tokens = cfg["max_new_tokens"]
+        self.temperature = float(cfg["temperature"])
+        self.ppo_epochs = cfg["ppo_epochs"]
+        self.epochs = cfg["epochs"]
+        self.keep_last = cfg["keep_last_n_checkpoints"]
+        self.minibatch_size = cfg["minibatch_size"] or self.batch_size * self.group_size
+        self.reward_nodes = dict(cfg["rewards"])
+        self.reward_weights = dict(cfg["reward_weights"] or {})
+        self.clip_grad_norm = cfg["clip_grad_norm"]
+        self.save_every = cfg["save_every_n_steps"]
         self.global_step = self.epoch = self.batches_in_epoch = 0
         self.optimizer_steps = 0
         self.stop = StopFlag()
@@ -175,33 +241,31 @@ class GRPORecipe:
             "dtype": self.dtype,
             "seed": self.seed,
             "device": self.device,
-            "compile": bool(cfg.get("compile", False)),
+            "compile": bool(cfg["compile"]),
         }
         self.model, self.is_lora, self.model_dir = build_model(
-            cfg["model"], cfg.get("checkpoint_dir"), trainable=True,
-            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+            cfg["model"], cfg["checkpoint_dir"], trainable=True,
+            activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
-        node = cfg.get("loss") or {"_component_": "engine.modules.loss.GRPOLoss"}
+        node = cfg["loss"] or {"_component_": "engine.modules.loss.GRPOLoss"}
         self.loss_fn = instantiate(node)
         self.reference = None
         if not self.is_lora and self.loss_fn.kl_coeff > 0:
-            self.reference, _, _ = build_model(
-                cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
-            )
+            self.reference, _, _ = build_model(cfg["model"], cfg["checkpoint_dir"], trainable=False, **common)
         self.tokenizer = self._setup_tokenizer()
         check_vocab(self.model, self.tokenizer)
         self.stop_tokens = sorted(
-            set(self.tokenizer.stop_tokens) | {int(t) for t in cfg.get("stop_tokens") or []}
+            set(self.tokenizer.stop_tokens) | {int(t) for t in cfg["stop_tokens"] or []}
         )
         self._setup_data()
         params = [p for p in self.model.parameters() if p.requires_grad]
         if "optimizer" not in cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
             )
         self.optimizer = instantiate(cfg["optimizer"], params)
         self.lr_scheduler = None
-        if cfg.get("lr_scheduler") is not None:
+        if cfg["lr_scheduler"] is not None:
             opt_steps = (
                 self.total_steps
                 * self.ppo_epochs
@@ -215,9 +279,9 @@ class GRPORecipe:
     def _setup_tokenizer(self):
         from engine.recipes._common import resolve_model_dir
 
-        node = self.cfg.get("tokenizer")
+        node = self.cfg["tokenizer"]
         if node is None:
-            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
+            raise ConfigError("missing", hint="add a tokenizer component", field="tokenizer")
         if isinstance(node, dict) and str(node.get("path")) == "demo":
             return instantiate(node, path=str(resolve_model_dir("demo")))
         return instantiate(node)
@@ -229,7 +293,8 @@ class GRPORecipe:
         dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
         if len(dataset) and "prompt_tokens" not in dataset[0]:
             raise ConfigError(
-                "dataset: GRPO needs prompts with answers — use prompt_dataset or demo_prompt_dataset",
+                "GRPO needs prompts with answers",
+                hint="use prompt_dataset or demo_prompt_dataset",
                 field="dataset",
             )
         self.sampler = EpochBatchSampler(
@@ -237,7 +302,7 @@ class GRPORecipe:
         )
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=prompt_collate)
         per_epoch = len(self.sampler)
-        if self.cfg.get("max_steps_per_epoch") is not None:
+        if self.cfg["max_steps_per_epoch"] is not None:
             per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
@@ -262,7 +327,7 @@ class GRPORecipe:
             self.model, self.tokenizer, prompts, answers, group_size=self.group_size,
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop_tokens=self.stop_tokens,
             generator=self.generator, reward_nodes=self.reward_nodes, reward_weights=self.reward_weights,
-            top_k=self.cfg.get("top_k"), top_p=self.cfg.get("top_p"), version=self.global_step,
+            top_k=self.cfg["top_k"], top_p=self.cfg["top_p"], version=self.global_step,
         )  # fmt: skip
 
     def train_on(self, ro: Rollout) -> dict[str, float]:
@@ -272,9 +337,7 @@ class GRPORecipe:
         from engine.rl.policy import reference_context
         from engine.training import clip_grad_norm
 
-        adv = group_advantages(
-            ro.rewards, self.group_size, scale_by_std=bool(self.cfg.get("scale_rewards", True))
-        )
+        adv = group_advantages(ro.rewards, self.group_size, scale_by_std=bool(self.cfg["scale_rewards"]))
         tokens, labels, mask = rollout_batch(ro.prompts, ro.completions, self.tokenizer.pad_id)
         tokens, labels, mask, adv = (t.to(self.device) for t in (tokens, labels, mask, adv))
         lp = {"temperature": self.temperature}
@@ -316,7 +379,7 @@ class GRPORecipe:
         return {k: v / n for k, v in sums.items()}
 
     def _log_samples(self, ro: Rollout) -> None:
-        k = int(self.cfg.get("num_samples_to_log", 4))
+        k = int(self.cfg["num_samples_to_log"])
         if k <= 0:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)

@@ -31,24 +31,61 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ConfigError
-from engine.recipes._common import key_rules, run_recipe_main
-from engine.recipes.grpo import CALL_SITE_ARGS, GRPORecipe, LossIsNaN  # noqa: F401 - CALL_SITE_ARGS for validate
-from engine.recipes.grpo import CONFIG_KEYS as _SYNC_KEYS
+from engine.config import ConfigError, ConfigProblem
+from engine.config.schema import Field, Schema
+from engine.recipes._common import run_recipe_main
+from engine.recipes.grpo import CONFIG_SCHEMA as _SYNC
+from engine.recipes.grpo import GRPORecipe
 from engine.rl.buffer import ReplayBuffer
 
-CONFIG_KEYS: dict[str, str] = {
-    **_SYNC_KEYS,
-    "num_generators": "Ray generator actors sampling rollouts in parallel with the trainer",
-    "max_staleness": "most trainer steps a rollout's weights may lag behind (0: synchronous GRPO)",
-    "weight_sync_every": "push the trainer's weights to the generators every K steps (<= max_staleness + 1)",
-    "ray_address": "null: start a local Ray; 'auto' or HOST:PORT: join that cluster (ray.init(address=...))",
-    "generator_num_cpus": "CPUs Ray reserves per generator actor",
-    "generator_threads": "torch threads inside each generator",
-    "buffer_capacity": "rollouts the replay buffer holds at most (oldest dropped first)",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
-MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
+
+def _staleness_problems(cfg: dict) -> list[ConfigProblem]:
+    """A weight sync period the staleness bound allows (otherwise every rollout would be too stale)."""
+    staleness, every = cfg["max_staleness"], cfg["weight_sync_every"]
+    if every > staleness + 1:
+        return [
+            ConfigProblem(
+                "weight_sync_every",
+                f"must be between 1 and max_staleness + 1 = {staleness + 1} (got {every})",
+                "otherwise every rollout would be too stale",
+            )
+        ]
+    return []
+
+
+# GRPO's keys (the trainer is GRPORecipe) and the generators'. Every key this recipe reads.
+CONFIG_SCHEMA = Schema(
+    {
+        **_SYNC.fields,
+        "num_generators": Field(
+            int, 2, "Ray generator actors sampling rollouts in parallel with the trainer", minimum=1
+        ),
+        "max_staleness": Field(
+            int, 1, "most trainer steps a rollout's weights may lag behind (0: synchronous GRPO)", minimum=0
+        ),
+        "weight_sync_every": Field(
+            int,
+            1,
+            "push the trainer's weights to the generators every K steps (<= max_staleness + 1)",
+            minimum=1,
+        ),
+        "ray_address": Field(
+            str | None,
+            None,
+            "null: start a local Ray; 'auto' or HOST:PORT: join that cluster (ray.init(address=...))",
+        ),
+        "generator_num_cpus": Field(float, 1, "CPUs Ray reserves per generator actor", above=0.0),
+        "generator_threads": Field(int, 1, "torch threads inside each generator", minimum=1),
+        "buffer_capacity": Field(
+            int, 64, "rollouts the replay buffer holds at most (oldest dropped first)", minimum=1
+        ),
+    },
+    checks=(*_SYNC.checks, _staleness_problems),
+    max_nproc=1,
+    nproc_note="the trainer is one process; rollouts scale with num_generators",
+    absent=_SYNC.absent,
+    call_site_args=_SYNC.call_site_args,
+)
 
 
 class AsyncGRPORecipe(GRPORecipe):
@@ -57,22 +94,15 @@ class AsyncGRPORecipe(GRPORecipe):
     Raises ConfigError for bad staleness/sync settings or an unreachable Ray cluster.
     """
 
+    schema = CONFIG_SCHEMA
+
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        super().__init__(cfg, dist_info=dist_info)
-        self.num_generators = int(cfg.get("num_generators", 2))
-        self.max_staleness = int(cfg.get("max_staleness", 1))
-        self.sync_every = int(cfg.get("weight_sync_every", 1))
-        if self.num_generators < 1:
-            raise ConfigError(
-                f"num_generators: must be >= 1, got {self.num_generators}", field="num_generators"
-            )
-        if self.sync_every < 1 or self.sync_every > self.max_staleness + 1:
-            raise ConfigError(
-                f"weight_sync_every: must be between 1 and max_staleness + 1 = {self.max_staleness + 1} "
-                f"(got {self.sync_every}); otherwise every rollout would be too stale",
-                field="weight_sync_every",
-            )
-        self.buffer = ReplayBuffer(self.max_staleness, int(cfg.get("buffer_capacity", 64)))
+        super().__init__(cfg, dist_info=dist_info)  # checks cfg against `schema` (this module's)
+        cfg = self.cfg
+        self.num_generators = cfg["num_generators"]
+        self.max_staleness = cfg["max_staleness"]
+        self.sync_every = cfg["weight_sync_every"]
+        self.buffer = ReplayBuffer(self.max_staleness, int(cfg["buffer_capacity"]))
         self.actor_restarts = 0
         self.step_callbacks: list = []  # called with the recipe after each step (tests inject faults)
         self._started_ray = False
@@ -84,7 +114,7 @@ class AsyncGRPORecipe(GRPORecipe):
 
         from engine.rl.actors import remote_generator_class
 
-        address = self.cfg.get("ray_address")
+        address = self.cfg["ray_address"]
         if not ray.is_initialized():
             repo = str(Path(__file__).resolve().parents[2])
             env = {"PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
@@ -94,18 +124,18 @@ class AsyncGRPORecipe(GRPORecipe):
                 else:
                     cpus = max(
                         os.cpu_count() or 1,
-                        int(self.num_generators * float(self.cfg.get("generator_num_cpus", 1))),
+                        int(self.num_generators * float(self.cfg["generator_num_cpus"])),
                     )
                     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                              runtime_env={"env_vars": env})  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ConfigError(
-                    f"ray_address: cannot join Ray at {address!r} ({str(exc).splitlines()[0]}) — start it with "
-                    "`ray start --head` or set ray_address=null for a local instance",
+                    f"cannot join Ray at {address!r} ({str(exc).splitlines()[0]})",
+                    hint="start it with `ray start --head` or set ray_address=null for a local instance",
                     field="ray_address",
                 ) from None
             self._started_ray = True
-        actor_cls = remote_generator_class(float(self.cfg.get("generator_num_cpus", 1)))
+        actor_cls = remote_generator_class(float(self.cfg["generator_num_cpus"]))
         tok_node = dict(self.cfg["tokenizer"])
         if str(tok_node.get("path")) == "demo":
             from engine.recipes._common import resolve_model_dir
@@ -113,7 +143,7 @@ class AsyncGRPORecipe(GRPORecipe):
             tok_node["path"] = str(resolve_model_dir("demo"))
         settings = {
             "group_size": self.group_size, "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-            "top_k": self.cfg.get("top_k"), "top_p": self.cfg.get("top_p"), "stop_tokens": self.stop_tokens,
+            "top_k": self.cfg["top_k"], "top_p": self.cfg["top_p"], "stop_tokens": self.stop_tokens,
         }  # fmt: skip
         self.actors = [
             actor_cls.remote(
@@ -124,7 +154,7 @@ class AsyncGRPORecipe(GRPORecipe):
                 settings,
                 self.seed + 1 + 1000 * i,
                 list(self.cfg.get("allowed_components") or []),
-                int(self.cfg.get("generator_threads", 1)),
+                int(self.cfg["generator_threads"]),
             )  # fmt: skip
             for i in range(self.num_generators)
         ]

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
+from engine.config.schema import Field, Schema
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
@@ -32,7 +33,6 @@ from engine.recipes._common import (
     check_sequence_length,
     check_vocab,
     forward_replaced,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
@@ -40,37 +40,52 @@ from engine.recipes._common import (
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
 from engine.rl.policy import build_model, rank_world
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
-    "seed": "seed for new parameters and data order",
-    "device": "cpu, cuda or auto",
-    "dtype": "fp32 or bf16 for both models",
-    "checkpoint_dir": "the student's starting HF folder, 'demo', or null (random init)",
-    "model": "_component_ student builder (lora_* trains adapters only)",
-    "teacher_checkpoint_dir": "the teacher's HF folder (or 'demo'); null only for tests (random teacher)",
-    "teacher_model": "_component_ teacher builder (frozen); its vocab_size must equal the student's",
-    "tokenizer": "_component_ tokenizer shared by both",
-    "dataset": "_component_ SFT-style dataset (tokens + labels), or a list of them",
-    "batch_size": "samples per micro-batch",
-    "gradient_accumulation_steps": "micro-batches per optimizer step (same result, less memory)",
-    "epochs": "passes over the data",
-    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
-    "optimizer": "_component_ optimizer (params passed in)",
-    "lr_scheduler": "_component_ schedule (num_training_steps filled in), or null",
-    "clip_grad_norm": "max global gradient norm (null: none)",
-    "loss": "_component_ engine.modules.loss.KDLoss {kind: forward|reverse|symmetric, kd_ratio, temperature, chunk_size}",
-    "enable_activation_checkpointing": "recompute student blocks in backward",
-    "compile": "torch.compile each block",
-    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
-    "shuffle": "shuffle each epoch (seeded)",
-    "allowed_components": "extra module prefixes allowed in _component_",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
-MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
+_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        **shared_fields("output_dir"),
+        "seed": shared("seed", "seed for new parameters and data order"),
+        "device": shared("device"),
+        "dtype": shared("dtype", "fp32 or bf16 for both models"),
+        "checkpoint_dir": shared(
+            "checkpoint_dir", "the student's starting HF folder, 'demo', or null (random init)"
+        ),
+        "model": shared("model", "_component_ student builder (lora_* trains adapters only)"),
+        "teacher_checkpoint_dir": Field(
+            str | None, None, "the teacher's HF folder (or 'demo'); null only for tests (random teacher)"
+        ),
+        "teacher_model": shared(
+            "model",
+            "_component_ teacher builder (frozen); its vocab_size must equal the student's",
+            controls=(),
+        ),
+        "tokenizer": shared("tokenizer", "_component_ tokenizer shared by both"),
+        "dataset": shared("dataset", "_component_ SFT-style dataset (tokens + labels), or a list of them"),
+        "batch_size": shared("batch_size", "samples per micro-batch"),
+        **shared_fields("gradient_accumulation_steps"),
+        "epochs": shared("epochs", "passes over the data"),
+        **shared_fields("max_steps_per_epoch", "optimizer", "lr_scheduler", "clip_grad_norm"),
+        "loss": shared(
+            "loss",
+            "_component_ engine.modules.loss.KDLoss {kind: forward|reverse|symmetric, kd_ratio, temperature, chunk_size}",
+        ),
+        "enable_activation_checkpointing": shared(
+            "enable_activation_checkpointing", "recompute student blocks in backward"
+        ),
+        **shared_fields("compile", "save_every_n_steps", "keep_last_n_checkpoints", "resume", "shuffle"),
+    },
+    max_nproc=1,
+    nproc_note="distillation runs on one process",
+    absent={
+        "optimizer_in_bwd": _NO_BWD,
+        "linear_ce": "KDLoss needs the student's and teacher's logits (it chunks them itself)",
+    },
+)
 
 
 class KDRecipe:
@@ -81,30 +96,20 @@ class KDRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.rank, self.world_size = rank_world()
-        if self.world_size > 1:
-            raise ConfigError(
-                "nproc_per_node: distillation runs on one process — use 1", field="nproc_per_node"
-            )
-        self.device = pick_device(cfg.get("device"))
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/kd")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
-                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
-            if value < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
-        if cfg.get("teacher_model") is None:
-            raise ConfigError(
-                "teacher_model: missing — add the teacher's _component_ builder", field="teacher_model"
-            )
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.save_every = cfg.get("save_every_n_steps")
+        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
+            raise wrong
+        self.device = pick_device(cfg["device"])
+        self.dtype = parse_dtype(cfg["dtype"])
+        self.output_dir = Path(cfg["output_dir"] or "./runs/kd")
+        self.seed = int(cfg["seed"])
+        self.batch_size = int(cfg["batch_size"])
+        self.accum = int(cfg["gradient_accumulation_steps"])
+        self.epochs = int(cfg["epochs"])
+        self.keep_last = int(cfg["keep_last_n_checkpoints"])
+        self.clip_grad_norm = cfg["clip_grad_norm"]
+        self.save_every = cfg["save_every_n_steps"]
         self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
         self.stop = StopFlag()
@@ -119,28 +124,28 @@ class KDRecipe:
         set_seed(self.seed)
         self.logger = MetricLogger.from_env(rank=self.rank)
         cfg = self.cfg
-        common = {"dtype": self.dtype, "device": self.device, "compile": bool(cfg.get("compile", False))}
+        common = {"dtype": self.dtype, "device": self.device, "compile": bool(cfg["compile"])}
         for key in ("checkpoint_dir", "teacher_checkpoint_dir"):  # named before any model is built
             if cfg.get(key) is not None:
                 resolve_model_dir(cfg[key], field=key)
         self.model, self.is_lora, self.model_dir = build_model(
-            cfg["model"], cfg.get("checkpoint_dir"), trainable=True, seed=self.seed,
-            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)), **common,
+            cfg["model"], cfg["checkpoint_dir"], trainable=True, seed=self.seed,
+            activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
         self.teacher, _, _ = build_model(
-            cfg["teacher_model"], cfg.get("teacher_checkpoint_dir"), trainable=False, seed=self.seed + 1,
+            cfg["teacher_model"], cfg["teacher_checkpoint_dir"], trainable=False, seed=self.seed + 1,
             field="teacher_model", **common,
         )  # fmt: skip
         vs, vt = self.model.output_weight.shape[0], self.teacher.output_weight.shape[0]
         if vs != vt:
             raise ConfigError(
-                f"teacher_model: vocabulary {vt} differs from the student's {vs} — distil between models "
-                "that share a tokenizer",
+                f"vocabulary {vt} differs from the student's {vs}",
+                hint="distil between models that share a tokenizer",
                 field="teacher_model",
             )
-        node = cfg.get("tokenizer")
+        node = cfg["tokenizer"]
         if node is None:
-            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
+            raise ConfigError("missing", hint="add a tokenizer component", field="tokenizer")
         if isinstance(node, dict) and str(node.get("path")) == "demo":
             self.tokenizer = instantiate(node, path=str(resolve_model_dir("demo")))
         else:
@@ -150,11 +155,9 @@ class KDRecipe:
         check_sequence_length(self.model, dataset)
         check_sequence_length(self.teacher, dataset, model_field="teacher_model")
         if len(dataset) and "labels" not in dataset[0] and "document_ids" not in dataset[0]:
-            raise ConfigError(
-                "dataset: distillation needs token/label samples (an SFT dataset)", field="dataset"
-            )
+            raise ConfigError("distillation needs token/label samples (an SFT dataset)", field="dataset")
         self.sampler = EpochBatchSampler(len(dataset), batch_size=self.batch_size, seed=self.seed,
-                                         shuffle=bool(cfg.get("shuffle", True)))  # fmt: skip
+                                         shuffle=bool(cfg["shuffle"]))  # fmt: skip
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -163,25 +166,25 @@ class KDRecipe:
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
             raise ConfigError(
-                f"gradient_accumulation_steps: {self.accum} exceeds an epoch of {len(self.sampler)} micro-batches",
+                f"{self.accum} exceeds an epoch of {len(self.sampler)} micro-batches",
                 field="gradient_accumulation_steps",
             )
-        if cfg.get("max_steps_per_epoch") is not None:
+        if cfg["max_steps_per_epoch"] is not None:
             per_epoch = min(per_epoch, int(cfg["max_steps_per_epoch"]))
         self.steps_per_epoch, self.total_steps = per_epoch, per_epoch * self.epochs
         if "optimizer" not in cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-4}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-4}", field="optimizer"
             )
         self.optimizer = instantiate(
             cfg["optimizer"], [p for p in self.model.parameters() if p.requires_grad]
         )
         self.lr_scheduler = None
-        if cfg.get("lr_scheduler") is not None:
+        if cfg["lr_scheduler"] is not None:
             self.lr_scheduler = instantiate(
                 cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps
             )
-        self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.KDLoss"})
+        self.loss_fn = instantiate(cfg["loss"] or {"_component_": "engine.modules.loss.KDLoss"})
         self._maybe_resume()
         self.stop.install()
 

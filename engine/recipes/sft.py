@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 -m engine.recipes.sft --config configs/llama3_2/1B_lora.yaml lr=1e-4
     python -m engine.recipes.sft --config configs/demo/smollm2_135m_lora.yaml
 
-Everything is driven by the YAML config (keys in `CONFIG_KEYS`). The method follows from the model
+Everything is driven by the YAML config (keys in `CONFIG_SCHEMA`). The method follows from the model
 component: a plain builder trains every weight, a `lora_*` builder trains adapters only, and
 `quantize_base: true` (the `qlora_*` presets) keeps the frozen base in NF4.
 
@@ -31,7 +31,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from engine.checkpoint.recipe_state import save_checkpoint
-from engine.config import ConfigError, instantiate
+from engine.config import ConfigError, ConfigProblem, instantiate
+from engine.config.schema import Field, Schema
 from engine.modules.moe import weighted_aux_loss
 from engine.recipes._common import (
     EpochBatchSampler,
@@ -40,7 +41,6 @@ from engine.recipes._common import (
     check_sequence_length,
     check_vocab,
     forward_replaced,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
@@ -49,45 +49,106 @@ from engine.recipes._common import (
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
+from engine.training.device_mesh import check_parallel_degrees, parallel_dims
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/ (the launcher sets runs/<id>)",
-    "seed": "seed for weights of new parameters, data order and dropout (same on every rank)",
-    "device": "cpu, cuda or auto (cuda when present)",
-    "dtype": "fp32 or bf16 for weights and compute (bf16 halves memory; fp32 is exact on CPU)",
-    "checkpoint_dir": "Hugging Face model folder to start from, 'demo' for the embedded SmolLM2, null for random init",
-    "model": "_component_ model builder (engine.models...); lora_*/qlora_* builders train adapters only",
-    "tokenizer": "_component_ tokenizer (engine.data.tokenizers.load_tokenizer with path)",
-    "dataset": "_component_ dataset, or a list of them (a mix; loss per source is logged)",
-    "validation": "held-out split: {fraction | dataset, every_n_steps, max_batches}; null for none",
-    "batch_size": "samples per micro-batch on each rank",
-    "gradient_accumulation_steps": "micro-batches per optimizer step (memory for batch size; same result)",
-    "epochs": "passes over the training split",
-    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: the whole epoch)",
-    "optimizer": "_component_ optimizer (torch.optim.AdamW, torchao.optim.AdamW8bit, ...); params passed in",
-    "lr_scheduler": "_component_ schedule (engine.training.lr_schedules...); num_training_steps is filled in",
-    "clip_grad_norm": "max global gradient norm (null: no clipping)",
-    "loss": "_component_ loss: LinearCrossEntropyLoss (no [B,S,V] logits) or ChunkedCrossEntropyLoss",
-    "optimizer_in_bwd": "step each parameter in backward, never holding all gradients (no accumulation/clipping)",
-    "enable_activation_checkpointing": "recompute block activations in backward (less memory, ~30% slower)",
-    "ac_every_k": "checkpoint every k-th block only (1 = every block)",
-    "enable_activation_offloading": "move saved activations to host memory (CUDA only)",
-    "compile": "torch.compile each block (faster steps after a one-off compile)",
-    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2)",
-    "data_parallel_replicate_dim": "HSDP replicas (across nodes; 1: none); mesh order dp_replicate, dp_shard, cp, tp",
-    "data_parallel_shard_dim": "FSDP2 shard degree (-1: the ranks the other degrees leave)",
-    "context_parallel_dim": "context-parallel degree: each sequence split over this many ranks (1: none)",
-    "tensor_parallel_dim": "tensor-parallel degree, innermost mesh dimension (1: none)",
-    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "save_merged_model": "LoRA: also write the merged full model (transformers loads it) at the end",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that checkpoint",
-    "num_workers": "data-loader worker processes (0: load in the training process)",
-    "shuffle": "shuffle the training split each epoch (seeded)",
-    "log_every_n_steps": "print a line every N steps when no tracker run is attached",
-    "allowed_components": "extra module prefixes allowed in _component_ (see the Config section)",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+
+def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:
+    """optimizer_in_bwd with gradient accumulation or clipping (every backward updates the weights)."""
+    from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
+
+    if cfg["optimizer_in_bwd"] is not True:
+        return []
+    try:
+        check_optimizer_in_backward_allowed(
+            gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
+            clip_grad_norm=cfg["clip_grad_norm"],
+        )
+    except ConfigError as exc:
+        return [exc.problem]
+    return []
+
+
+def _no_sequence_split(cfg: dict) -> list[ConfigProblem]:
+    if cfg["context_parallel_dim"] > 1:
+        return [ConfigProblem("context_parallel_dim", "the SFT recipe does not split sequences yet",
+                              "set context_parallel_dim=1")]  # fmt: skip
+    return []
+
+
+_POSITIVE = Field(int, 1, "", minimum=1)
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        **shared_fields(
+            "output_dir", "seed", "device", "dtype", "checkpoint_dir", "model", "tokenizer", "dataset"
+        ),
+        "validation": Field(
+            dict | None,
+            None,
+            "held-out split: {fraction | dataset, every_n_steps, max_batches}; null for none",
+            keys={
+                "fraction": Field(float, 0.05, "share of the training data held out", above=0.0, below=1.0),
+                "dataset": Field(
+                    dict | list | None, None, "_component_ held-out dataset instead", component=True
+                ),
+                "every_n_steps": _POSITIVE.but(default=50, doc="validate every N optimizer steps"),
+                "max_batches": Field(int | None, None, "first N batches only (null: all)", minimum=1),
+            },
+        ),  # fmt: skip
+        **shared_fields(
+            "batch_size",
+            "gradient_accumulation_steps",
+            "epochs",
+            "max_steps_per_epoch",
+            "optimizer",
+            "lr_scheduler",
+            "clip_grad_norm",
+        ),  # fmt: skip
+        "loss": shared(
+            "loss",
+            "_component_ loss: LinearCrossEntropyLoss (no [B,S,V] logits) or ChunkedCrossEntropyLoss",
+            controls=("linear_ce",),
+        ),  # fmt: skip
+        "optimizer_in_bwd": Field(
+            bool,
+            False,
+            "step each parameter in backward, never holding all gradients (no accumulation/clipping)",
+            controls=("optimizer_in_bwd",),
+        ),  # fmt: skip
+        "enable_activation_checkpointing": shared("enable_activation_checkpointing"),
+        "ac_every_k": _POSITIVE.but(doc="checkpoint every k-th block only (1 = every block)"),
+        "enable_activation_offloading": Field(
+            bool, False, "move saved activations to host memory (CUDA only)"
+        ),
+        **shared_fields("compile", "fsdp"),
+        "data_parallel_replicate_dim": _POSITIVE.but(
+            doc="HSDP replicas (across nodes; 1: none); mesh order dp_replicate, dp_shard, cp, tp"
+        ),
+        "data_parallel_shard_dim": Field(
+            int, -1, "FSDP2 shard degree (-1: the ranks the other degrees leave)", minimum=-1
+        ),
+        "context_parallel_dim": _POSITIVE.but(
+            doc="context-parallel degree: each sequence split over this many ranks (1: none)"
+        ),
+        "tensor_parallel_dim": _POSITIVE.but(
+            doc="tensor-parallel degree, innermost mesh dimension (1: none)"
+        ),
+        **shared_fields("save_every_n_steps", "keep_last_n_checkpoints"),
+        "save_merged_model": Field(
+            bool, False, "LoRA: also write the merged full model (transformers loads it) at the end"
+        ),
+        "resume": shared("resume"),
+        "num_workers": Field(
+            int, 0, "data-loader worker processes (0: load in the training process)", minimum=0
+        ),
+        "shuffle": shared("shuffle"),
+        "log_every_n_steps": _POSITIVE.but(doc="print a line every N steps when no tracker run is attached"),
+    },
+    checks=(_optimizer_in_backward_problems, _no_sequence_split),
+    nproc_check=check_parallel_degrees,
+)
 
 
 def _rank_world() -> tuple[int, int]:
@@ -112,46 +173,31 @@ class SFTRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.dist_info = dist_info
         self.rank, self.world_size = _rank_world()
+        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
+            raise wrong
         # One mesh (dp_replicate, dp_shard, cp, tp): batches are split over the dp = dp_replicate x
         # dp_shard data-parallel groups; cp and tp ranks of a group share its batch.
-        from engine.training.device_mesh import parallel_dims
-
         self.dims = parallel_dims(cfg, self.world_size)
         self.tp = self.dims.tp
         self.dp_size, self.dp_rank = self.dims.dp, self.dims.dp_rank(self.rank)
-        if self.dims.cp > 1:
-            raise ConfigError(
-                "context_parallel_dim: the SFT recipe does not split sequences yet — set context_parallel_dim=1",
-                field="context_parallel_dim",
-            )
-        self.device = pick_device(cfg.get("device"))
+        self.device = pick_device(cfg["device"])
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device  # one GPU per local rank
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/sft")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.max_steps_per_epoch = cfg.get("max_steps_per_epoch")
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.optimizer_in_bwd = bool(cfg.get("optimizer_in_bwd", False))
-        self.save_every = cfg.get("save_every_n_steps")
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        self.log_every = int(cfg.get("log_every_n_steps", 1))
-        for key, value in (("batch_size", self.batch_size), ("gradient_accumulation_steps", self.accum),
-                           ("epochs", self.epochs), ("keep_last_n_checkpoints", self.keep_last)):  # fmt: skip
-            if value < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {value}", field=key)
-        if self.optimizer_in_bwd:
-            from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
-
-            check_optimizer_in_backward_allowed(
-                gradient_accumulation_steps=self.accum, clip_grad_norm=self.clip_grad_norm
-            )
+        self.dtype = parse_dtype(cfg["dtype"])
+        self.output_dir = Path(cfg["output_dir"] or "./runs/sft")
+        self.seed = int(cfg["seed"])
+        self.batch_size = int(cfg["batch_size"])
+        self.accum = int(cfg["gradient_accumulation_steps"])
+        self.epochs = int(cfg["epochs"])
+        self.max_steps_per_epoch = cfg["max_steps_per_epoch"]
+        self.clip_grad_norm = cfg["clip_grad_norm"]
+        self.optimizer_in_bwd = bool(cfg["optimizer_in_bwd"])
+        self.save_every = cfg["save_every_n_steps"]
+        self.keep_last = int(cfg["keep_last_n_checkpoints"])
+        self.log_every = int(cfg["log_every_n_steps"])
         self.global_step = 0
         self.epoch = 0
         self.batches_in_epoch = 0  # micro-batches of `self.epoch` already consumed
@@ -193,7 +239,7 @@ class SFTRecipe:
         from engine.training import materialize_model, parallelize
 
         cfg = self.cfg
-        ckpt = cfg.get("checkpoint_dir")
+        ckpt = cfg["checkpoint_dir"]
         self.model_dir = resolve_model_dir(ckpt) if ckpt is not None else None
         if self.world_size > 1:
             with torch.device("meta"):
@@ -207,18 +253,18 @@ class SFTRecipe:
             set_trainable_params(model, adapters.keys())
         if self.world_size > 1 and any(getattr(m, "quantize_base", False) for m in model.modules()):
             raise ConfigError(
-                "model.quantize_base: QLoRA (NF4 base) runs on one process here; FSDP2 shards plain "
-                "weights — use a lora_* builder with FSDP, or run QLoRA with --nproc_per_node 1",
+                "QLoRA (NF4 base) runs on one process here; FSDP2 shards plain weights",
+                hint="use a lora_* builder with FSDP, or run QLoRA with --nproc_per_node 1",
                 field="model.quantize_base",
             )
-        ac = bool(cfg.get("enable_activation_checkpointing", False))
-        every_k = int(cfg.get("ac_every_k", 1))
-        fsdp_cfg = dict(cfg.get("fsdp") or {})
+        ac = bool(cfg["enable_activation_checkpointing"])
+        every_k = int(cfg["ac_every_k"])
+        fsdp_cfg = dict(cfg["fsdp"] or {})
         model = parallelize(
             model,
             mesh=self._mesh(),
             activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
-            compile=bool(cfg.get("compile", False)),
+            compile=bool(cfg["compile"]),
             fsdp=self.world_size > 1,
             reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
             cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
@@ -230,13 +276,13 @@ class SFTRecipe:
         else:
             model.to(device=self.device)
         self.offload = contextlib.nullcontext()
-        if cfg.get("enable_activation_offloading", False):
+        if cfg["enable_activation_offloading"]:
             from engine.training import ActivationOffloading
 
             if self.device.type != "cuda":
                 raise ConfigError(
-                    "enable_activation_offloading: needs a CUDA device (it moves activations to host memory) "
-                    "— set it to false on CPU",
+                    "needs a CUDA device (it moves activations to host memory)",
+                    hint="set it to false on CPU",
                     field="enable_activation_offloading",
                 )
             self.offload = ActivationOffloading(model)
@@ -262,10 +308,10 @@ class SFTRecipe:
         return build_world_mesh(self.dist_info, self.dims)
 
     def _setup_tokenizer(self):
-        node = self.cfg.get("tokenizer")
+        node = self.cfg["tokenizer"]
         if node is None:
             raise ConfigError(
-                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+                "missing", hint="add a tokenizer component (load_tokenizer with path)", field="tokenizer"
             )
         if isinstance(node, dict) and str(node.get("path")) == "demo":
             return instantiate(node, path=str(resolve_model_dir("demo")))  # the embedded model's tokenizer
@@ -279,7 +325,7 @@ class SFTRecipe:
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
         self.source_names = list(getattr(dataset, "source_names", None) or [])
-        val_cfg = cfg.get("validation") or None
+        val_cfg = cfg["validation"] or None
         self.val_loader = None
         self.val_every = None
         if val_cfg:
@@ -292,13 +338,13 @@ class SFTRecipe:
                 dataset, val_set = _holdout(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
             self.val_loader = self._loader(val_set, shuffle=False)
         self.train_set = dataset
-        self.loader = self._loader(dataset, shuffle=bool(cfg.get("shuffle", True)))
+        self.loader = self._loader(dataset, shuffle=bool(cfg["shuffle"]))
         self.sampler = self.loader.batch_sampler
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
             raise ConfigError(
-                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of "
-                f"{len(self.sampler)} — lower it or the batch size",
+                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
+                hint="lower it or the batch size",
                 field="gradient_accumulation_steps",
             )
         if self.max_steps_per_epoch is not None:
@@ -315,7 +361,7 @@ class SFTRecipe:
             dataset,
             batch_sampler=sampler,
             collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
-            num_workers=int(self.cfg.get("num_workers", 0)),
+            num_workers=int(self.cfg["num_workers"]),
             # Its own generator: each new iterator draws a worker seed, which must not advance the
             # global RNG (dropout) differently in a resumed run than in an uninterrupted one.
             generator=torch.Generator().manual_seed(self.seed),
@@ -325,12 +371,13 @@ class SFTRecipe:
         cfg = self.cfg
         if "optimizer" not in cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 2e-5}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 2e-5}", field="optimizer"
             )
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(
-                "model: nothing to train (no parameter requires grad) — check the model component",
+                "nothing to train (no parameter requires grad)",
+                hint="check the model component",
                 field="model",
             )
         if self.optimizer_in_bwd:
@@ -340,14 +387,14 @@ class SFTRecipe:
         else:
             optimizer = instantiate(cfg["optimizer"], params)
         scheduler = None
-        if cfg.get("lr_scheduler") is not None:
+        if cfg["lr_scheduler"] is not None:
             scheduler = instantiate(cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
         return optimizer, scheduler
 
     def _setup_loss(self) -> nn.Module:
         from engine.modules.loss import LinearCrossEntropyLoss
 
-        node = self.cfg.get("loss") or {"_component_": "engine.modules.loss.LinearCrossEntropyLoss"}
+        node = self.cfg["loss"] or {"_component_": "engine.modules.loss.LinearCrossEntropyLoss"}
         self.linear_ce = str(node.get("_component_", "")).endswith("LinearCrossEntropyLoss")
         # Token-loss SUMS per micro-batch; the step divides by its token count (see module docstring).
         loss = instantiate(node, reduction="sum" if self.linear_ce else "none")
@@ -515,7 +562,7 @@ class SFTRecipe:
             if self._stop_requested():
                 log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
                 return 0
-        if self.cfg.get("save_merged_model") and self.is_lora:
+        if self.cfg["save_merged_model"] and self.is_lora:
             self._save_merged()
         return 0
 
@@ -626,9 +673,7 @@ def _collate_for(dataset: Dataset, *, pad_id: int):
 def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
     """A seeded split: `fraction` of the samples (at least one) become the held-out set."""
     if not 0.0 < fraction < 1.0:
-        raise ConfigError(
-            f"validation.fraction: must be between 0 and 1, got {fraction}", field="validation.fraction"
-        )
+        raise ConfigError(f"must be between 0 and 1, got {fraction}", field="validation.fraction")
     n = len(dataset)
     n_val = max(1, int(round(n * fraction)))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
@@ -637,26 +682,6 @@ def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dat
     if names:
         train.source_names = val.source_names = names
     return train, val
-
-
-def config_problems(cfg: dict) -> list:
-    """Problems between keys, found without building anything (`engine.config.validate` calls this).
-
-    Returns a list of `ConfigProblem`: optimizer_in_bwd with gradient accumulation or clipping.
-    """
-    from engine.config import problem_from_error
-    from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
-
-    accum = cfg.get("gradient_accumulation_steps", 1)
-    if cfg.get("optimizer_in_bwd") is not True or not isinstance(accum, int):
-        return []
-    try:
-        check_optimizer_in_backward_allowed(
-            gradient_accumulation_steps=accum, clip_grad_norm=cfg.get("clip_grad_norm")
-        )
-    except ConfigError as exc:
-        return [problem_from_error(exc)]
-    return []
 
 
 def check_config(cfg: dict) -> None:

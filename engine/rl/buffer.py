@@ -22,9 +22,9 @@ class ReplayBuffer:
 
     def __init__(self, max_staleness: int = 1, capacity: int = 64) -> None:
         if max_staleness < 0:
-            raise ConfigError(f"max_staleness: must be >= 0, got {max_staleness}", field="max_staleness")
+            raise ConfigError(f"must be >= 0, got {max_staleness}", field="max_staleness")
         if capacity < 1:
-            raise ConfigError(f"buffer_capacity: must be >= 1, got {capacity}", field="buffer_capacity")
+            raise ConfigError(f"must be >= 1, got {capacity}", field="buffer_capacity")
         self.max_staleness = max_staleness
         self.capacity = capacity
         self._items: deque = deque()

@@ -96,7 +96,7 @@ def build_model(
         model.to(device=device)
     if trainable and not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(
-            f"{field}: nothing to train (no parameter requires grad) — check the component", field=field
+            "nothing to train (no parameter requires grad)", hint="check the component", field=field
         )
     if not trainable:
         model.eval()

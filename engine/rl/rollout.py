@@ -37,7 +37,8 @@ def score(reward_nodes: dict, weights: dict, completions: list[str], answers: li
         values = instantiate(node, completions=completions, answers=answers, prompts=prompts)
         if len(values) != len(completions):
             raise ConfigError(
-                f"rewards.{name}: returned {len(values)} values for {len(completions)} completions — return one each",
+                f"returned {len(values)} values for {len(completions)} completions",
+                hint="return one each",
                 field=f"rewards.{name}",
             )
         per[name] = torch.tensor([float(v) for v in values], dtype=torch.float32)

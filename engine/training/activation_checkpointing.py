@@ -16,8 +16,8 @@ def _layers(model: nn.Module) -> nn.ModuleList:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ConfigError(
-            f"activation_checkpointing: {type(model).__name__} has no `layers` ModuleList to wrap — "
-            "use a TransformerDecoder or set activation_checkpointing=false",
+            f"{type(model).__name__} has no `layers` ModuleList to wrap",
+            hint="use a TransformerDecoder or set activation_checkpointing=false",
             field="activation_checkpointing",
         )
     return layers
@@ -40,7 +40,8 @@ def apply_activation_checkpointing(model: nn.Module, every_k: int = 1) -> int:
     """
     if int(every_k) < 1:
         raise ConfigError(
-            f"activation_checkpointing: every_k must be >= 1, got {every_k} — use 1 for every block",
+            f"every_k must be >= 1, got {every_k}",
+            hint="use 1 for every block",
             field="activation_checkpointing",
         )
     layers = _layers(model)

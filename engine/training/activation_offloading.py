@@ -28,8 +28,8 @@ class ActivationOffloading(torch.autograd.graph.saved_tensors_hooks):
     def __init__(self, model: nn.Module, min_offload_bytes: int = 1 << 20):
         if not torch.cuda.is_available():
             raise ConfigError(
-                "enable_activation_offloading: needs a CUDA device (activations are moved to CPU memory) "
-                "— set enable_activation_offloading=false on CPU; activation_checkpointing saves memory there",
+                "needs a CUDA device (activations are moved to CPU memory)",
+                hint="set enable_activation_offloading=false on CPU; activation_checkpointing saves memory there",
                 field="enable_activation_offloading",
             )
         self.param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}

@@ -130,7 +130,8 @@ def wants_bf16_matmuls_in_fp32(device: torch.device, dtype: torch.dtype, *, comp
     choice = os.environ.get("TUNEBENCH_CPU_BF16_MATMUL", "auto").strip().lower() or "auto"
     if choice not in ("auto", "native", "fp32"):
         raise ConfigError(
-            f"environment TUNEBENCH_CPU_BF16_MATMUL={choice!r}: set it to auto, native or fp32 (or unset it)",
+            "set it to auto, native or fp32 (or unset it)",
+            label=f"environment TUNEBENCH_CPU_BF16_MATMUL={choice!r}",
             field="TUNEBENCH_CPU_BF16_MATMUL",
         )
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or choice == "native":

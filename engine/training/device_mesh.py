@@ -137,8 +137,7 @@ def parallel_dims(cfg: dict, world_size: int) -> ParallelDims:
     """
     problems = check_parallel_degrees(cfg, world_size)
     if problems:
-        p = problems[0]
-        raise ConfigError(str(p), field=p.field)
+        raise ConfigError.from_problem(problems[0])
     degrees, _ = _degree_problems(cfg, world_size)
     if degrees["dp_shard"] == -1:
         rest = degrees["dp_replicate"] * degrees["cp"] * degrees["tp"]
@@ -176,8 +175,8 @@ def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     flatten = getattr(mesh["dp_shard", "cp"], "_flatten", None)
     if flatten is None:
         raise ConfigError(
-            "context_parallel_dim: this torch cannot flatten mesh dimensions (FSDP over dp_shard x cp) "
-            "— set context_parallel_dim=1",
+            "this torch cannot flatten mesh dimensions (FSDP over dp_shard x cp)",
+            hint="set context_parallel_dim=1",
             field="context_parallel_dim",
         )
     flatten(FSDP_SHARD_DIM)

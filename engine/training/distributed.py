@@ -60,8 +60,8 @@ def init_distributed(*, force_process_group: bool = False, timeout_s: int = 1800
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             raise ConfigError(
-                f"nproc_per_node: local rank {local_rank} has no GPU (this node has "
-                f"{torch.cuda.device_count()}) — lower --nproc_per_node",
+                f"local rank {local_rank} has no GPU (this node has {torch.cuda.device_count()})",
+                hint="lower --nproc_per_node",
                 field="nproc_per_node",
             )
         device = torch.device("cuda", local_rank)
@@ -94,8 +94,8 @@ def build_world_mesh(info: DistributedInfo, dims: ParallelDims | None = None, *,
         dims = parallel_dims({"tensor_parallel_dim": tp}, info.world_size)
     elif dims.world_size != info.world_size:
         raise ConfigError(
-            f"data_parallel_shard_dim: the mesh {dims.describe()} has {dims.world_size} ranks, the run "
-            f"{info.world_size} — make the parallel degrees multiply to the number of processes",
+            f"the mesh {dims.describe()} has {dims.world_size} ranks, the run {info.world_size}",
+            hint="make the parallel degrees multiply to the number of processes",
             field="data_parallel_shard_dim",
         )
     return build_device_mesh(dims, info.device.type)

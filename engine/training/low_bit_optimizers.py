@@ -32,15 +32,15 @@ def check_low_bit_optimizer_supported(device: torch.device | str = "cpu", *, nam
         import torchao.optim  # noqa: F401
     except ImportError as exc:
         raise ConfigError(
-            f"optimizer: {name} needs torchao (pip install 'torchao>=0.14'): {exc}", field="optimizer"
+            f"{name} needs torchao (pip install 'torchao>=0.14'): {exc}", field="optimizer"
         ) from None
     kind = torch.device(device).type
     if kind == "cpu":
         compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
         if not any(c and shutil.which(c) for c in compilers):
             raise ConfigError(
-                f"optimizer: {name} on CPU compiles its update with a C++ compiler and none was found — "
-                "install g++ (or set CXX), or use torch.optim.AdamW",
+                f"{name} on CPU compiles its update with a C++ compiler and none was found",
+                hint="install g++ (or set CXX), or use torch.optim.AdamW",
                 field="optimizer",
             )
     elif kind == "cuda":
@@ -48,7 +48,8 @@ def check_low_bit_optimizer_supported(device: torch.device | str = "cpu", *, nam
             import triton  # noqa: F401
         except ImportError:
             raise ConfigError(
-                f"optimizer: {name} on CUDA needs triton — install it, or use torch.optim.AdamW",
+                f"{name} on CUDA needs triton",
+                hint="install it, or use torch.optim.AdamW",
                 field="optimizer",
             ) from None
 

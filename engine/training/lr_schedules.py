@@ -18,24 +18,24 @@ from engine.config import ConfigError
 def _check(num_warmup_steps: int, num_training_steps: int | None = None, min_lr_ratio: float = 0.0) -> None:
     if int(num_warmup_steps) < 0:
         raise ConfigError(
-            f"lr_scheduler.num_warmup_steps: must be >= 0, got {num_warmup_steps}",
+            f"must be >= 0, got {num_warmup_steps}",
             field="lr_scheduler.num_warmup_steps",
         )
     if num_training_steps is not None:
         if int(num_training_steps) < 1:
             raise ConfigError(
-                f"lr_scheduler.num_training_steps: must be >= 1, got {num_training_steps}",
+                f"must be >= 1, got {num_training_steps}",
                 field="lr_scheduler.num_training_steps",
             )
         if int(num_warmup_steps) > int(num_training_steps):
             raise ConfigError(
-                f"lr_scheduler.num_warmup_steps: {num_warmup_steps} exceeds num_training_steps "
-                f"{num_training_steps} — lower the warmup",
+                f"{num_warmup_steps} exceeds num_training_steps {num_training_steps}",
+                hint="lower the warmup",
                 field="lr_scheduler.num_warmup_steps",
             )
     if not 0.0 <= float(min_lr_ratio) <= 1.0:
         raise ConfigError(
-            f"lr_scheduler.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}",
+            f"must be in [0, 1], got {min_lr_ratio}",
             field="lr_scheduler.min_lr_ratio",
         )
 

@@ -104,8 +104,9 @@ def check_shared_output_dir(output_dir: str | os.PathLike, *, visible_within_s: 
         marker.unlink(missing_ok=True)
     if verdict[0]:
         raise ConfigError(
-            f"output_dir {output_dir}: {verdict[0]} — checkpoints are written by every rank, so put "
-            "output_dir (tunebench run --output-dir DIR) on a folder every node mounts at the same path "
-            "(NFS, Lustre, ...)",
+            verdict[0],
             field="output_dir",
+            label=f"output_dir {output_dir}",
+            hint="checkpoints are written by every rank, so put output_dir (tunebench run --output-dir DIR) "
+            "on a folder every node mounts at the same path (NFS, Lustre, ...)",
         )

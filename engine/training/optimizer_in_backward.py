@@ -29,15 +29,16 @@ def check_optimizer_in_backward_allowed(*, gradient_accumulation_steps: int = 1,
     """
     if int(gradient_accumulation_steps) > 1:
         raise ConfigError(
-            f"gradient_accumulation_steps: {gradient_accumulation_steps} cannot be used with "
-            "optimizer_in_bwd=True (every backward updates the weights) — set gradient_accumulation_steps=1 "
-            "or optimizer_in_bwd=False",
+            f"{gradient_accumulation_steps} cannot be used with "
+            "optimizer_in_bwd=True (every backward updates the weights)",
+            hint="set gradient_accumulation_steps=1 or optimizer_in_bwd=False",
             field="gradient_accumulation_steps",
         )
     if clip_grad_norm is not None:
         raise ConfigError(
-            f"clip_grad_norm: {clip_grad_norm} cannot be used with optimizer_in_bwd=True (weights are "
-            "updated before the full gradient norm is known) — set clip_grad_norm=null or optimizer_in_bwd=False",
+            f"{clip_grad_norm} cannot be used with optimizer_in_bwd=True (weights are "
+            "updated before the full gradient norm is known)",
+            hint="set clip_grad_norm=null or optimizer_in_bwd=False",
             field="clip_grad_norm",
         )
 
@@ -49,8 +50,7 @@ def _make_factory(optimizer: OptimizerFactory | dict) -> OptimizerFactory:
         return lambda params: instantiate(optimizer, params)
     if not callable(optimizer):
         raise ConfigError(
-            f"optimizer: expected a config with _component_ or a callable taking params, got "
-            f"{type(optimizer).__name__}",
+            f"expected a config with _component_ or a callable taking params, got {type(optimizer).__name__}",
             field="optimizer",
         )
     return optimizer
@@ -79,7 +79,7 @@ class OptimizerInBackward(Optimizer):
     def __init__(self, named_params: Iterable[tuple[str, nn.Parameter]], factory: OptimizerFactory):
         named = [(n, p) for n, p in named_params if p.requires_grad]
         if not named:
-            raise ConfigError("model: no parameter requires grad — nothing to optimise", field="model")
+            raise ConfigError("no parameter requires grad", hint="nothing to optimise", field="model")
         self.optimizers: dict[str, Optimizer] = {name: factory([p]) for name, p in named}
         first = next(iter(self.optimizers.values())).param_groups[0]["lr"]
         lr0 = float(first) if isinstance(first, torch.Tensor) else first
@@ -136,8 +136,8 @@ class OptimizerInBackward(Optimizer):
             missing = sorted(set(self.optimizers) - set(saved))[:3]
             extra = sorted(set(saved) - set(self.optimizers))[:3]
             raise ConfigError(
-                f"checkpoint: optimizer state does not match the model (missing {missing}, unexpected "
-                f"{extra}) — resume with the same model and trainable parameters",
+                f"optimizer state does not match the model (missing {missing}, unexpected {extra})",
+                hint="resume with the same model and trainable parameters",
                 field="checkpoint",
             )
         for name, opt in self.optimizers.items():

@@ -49,14 +49,16 @@ def _apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
                 sub = block.get_submodule(name)
             except AttributeError:
                 raise ConfigError(
-                    f"tensor_parallel_dim: block {i} has no `{name}` (TP expects attn.q_proj/k_proj/v_proj/"
-                    "output_proj and mlp.gate_proj/up_proj/down_proj) — set tensor_parallel_dim=1",
+                    f"block {i} has no `{name}` (TP expects attn.q_proj/k_proj/v_proj/"
+                    "output_proj and mlp.gate_proj/up_proj/down_proj)",
+                    hint="set tensor_parallel_dim=1",
                     field="tensor_parallel_dim",
                 ) from None
             if type(sub) is not nn.Linear:
                 raise ConfigError(
-                    f"tensor_parallel_dim: block {i} `{name}` is a {type(sub).__name__}; tensor parallelism "
-                    "supports plain nn.Linear projections (not LoRA/NF4) — set tensor_parallel_dim=1",
+                    f"block {i} `{name}` is a {type(sub).__name__}; tensor parallelism "
+                    "supports plain nn.Linear projections (not LoRA/NF4)",
+                    hint="set tensor_parallel_dim=1",
                     field="tensor_parallel_dim",
                 )
             plan[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
@@ -64,8 +66,8 @@ def _apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         for heads in ("num_heads", "num_kv_heads"):
             if getattr(attn, heads) % tp:
                 raise ConfigError(
-                    f"tensor_parallel_dim: {tp} does not divide {heads}={getattr(attn, heads)} — "
-                    "choose a divisor",
+                    f"{tp} does not divide {heads}={getattr(attn, heads)}",
+                    hint="choose a divisor",
                     field="tensor_parallel_dim",
                 )
         parallelize_module(block, tp_mesh, plan)
@@ -106,12 +108,15 @@ def parallelize(
     """
     if fsdp and mesh is None:
         raise ConfigError(
-            "parallelize: fsdp/tensor parallelism need a device mesh — launch with torchrun or set fsdp=false",
+            "fsdp/tensor parallelism need a device mesh",
+            hint="launch with torchrun or set fsdp=false",
+            label="parallelize",
             field="fsdp",
         )
     if cpu_offload and fsdp and mesh.device_type == "cpu":
         raise ConfigError(
-            "fsdp_cpu_offload: the parameters already live in CPU memory on a CPU run — set fsdp_cpu_offload=false",
+            "the parameters already live in CPU memory on a CPU run",
+            hint="set fsdp_cpu_offload=false",
             field="fsdp_cpu_offload",
         )
     dims = mesh_dims(mesh) if mesh is not None else ParallelDims()
@@ -175,7 +180,7 @@ def materialize_model(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if state_dict is None and init_fn is None:
-        raise ConfigError("model: materializing needs a checkpoint or an init function", field="model")
+        raise ConfigError("materializing needs a checkpoint or an init function", field="model")
     if (
         state_dict is not None and strict and (state_dict or not broadcast_from_rank0)
     ):  # ranks > 0 may pass {} when broadcasting
@@ -183,8 +188,8 @@ def materialize_model(
         missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
         if missing or unexpected:
             raise ConfigError(
-                f"checkpoint: weights do not match the model (missing {missing[:3]}, unexpected "
-                f"{unexpected[:3]}) — check the model builder and checkpoint",
+                f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                hint="check the model builder and checkpoint",
                 field="checkpoint",
             )
     device = torch.device(device)
@@ -203,7 +208,8 @@ def materialize_model(
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"checkpoint: weights do not match the model ({first}) — check the model builder and checkpoint",
+            f"weights do not match the model ({first})",
+            hint="check the model builder and checkpoint",
             field="checkpoint",
         ) from None
     return model

@@ -5,6 +5,7 @@ import types
 
 import pytest
 
+from engine.config import Field, Schema
 from workbench.cli import main
 
 SFT_LORA = """\
@@ -32,7 +33,12 @@ def configs_dir(tmp_path, monkeypatch):
     monkeypatch.setattr("engine.config._find.builtin_config_dir", lambda: root)
     monkeypatch.setattr("engine.config.builtin_config_dir", lambda: root)
     recipe = types.ModuleType("engine.recipes.toyrecipe")
-    recipe.CONFIG_KEYS = {"lr": "learning rate", "optimizer": "optimizer"}
+    recipe.CONFIG_SCHEMA = Schema(
+        {
+            "lr": Field(float, 1e-3, "learning rate"),
+            "optimizer": Field(dict | None, None, "optimizer", component=True),
+        }
+    )
     monkeypatch.setitem(sys.modules, "engine.recipes.toyrecipe", recipe)
     monkeypatch.delenv("TUNEBENCH_ALLOW", raising=False)
     return root

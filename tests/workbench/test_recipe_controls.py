@@ -1,5 +1,5 @@
 """The Recipe screen's memory/parallel controls (pure functions): which recipes read which control
-(checked against each recipe's CONFIG_KEYS and code), the overrides each control writes (every
+(checked against each recipe's CONFIG_SCHEMA and code), the overrides each control writes (every
 composed config passes `engine.config.validate` and the recipe's own set-up checks), and how the
 memory estimate reacts to each (against hand-computed bytes)."""
 
@@ -12,9 +12,9 @@ import shutil
 import pytest
 
 from engine.config import apply_overrides, list_builtin_configs, parse_yaml, recipe_from_text, validate
+from engine.config.schema import CONTROL_NAMES
 from engine.training.memory_estimate import ModelShape, TrainingOptions, estimate_memory
 from workbench.screens.recipe_options import (
-    ABSENT,
     CHUNKED_CE,
     CONTROLS,
     LINEAR_CE,
@@ -27,6 +27,7 @@ from workbench.screens.recipe_options import (
     parse_nproc,
     recipe_problems,
     training_options,
+    unread_controls,
 )
 
 TRAINING_RECIPES = ("sft", "dpo", "kd", "grpo", "grpo_async")
@@ -68,24 +69,25 @@ def _with(cfg: dict, name: str, value, recipe: str = "sft") -> dict:
 @pytest.mark.parametrize("recipe", TRAINING_RECIPES)
 def test_absent_controls_match_what_each_recipe_reads(recipe):
     module = importlib.import_module(f"engine.recipes.{recipe}")
-    keys, source = module.CONFIG_KEYS, inspect.getsource(module)
+    keys, source = module.CONFIG_SCHEMA.fields, inspect.getsource(module)
     if recipe == "grpo_async":  # its trainer is the GRPO recipe's
         source += inspect.getsource(importlib.import_module("engine.recipes.grpo"))
-    absent = ABSENT[recipe]
+    absent = unread_controls(recipe)
     assert ("activation_checkpointing" in absent) == ("enable_activation_checkpointing" not in keys)
     assert ("optimizer_in_bwd" in absent) == ("optimizer_in_bwd" not in keys)
     assert ("compile" in absent) == ("compile" not in keys)
     assert ("optimizer" in absent) == ("optimizer" not in keys)
     # Linear CE is a loss the recipe documents; packing needs the packed collate (document_ids).
-    assert ("linear_ce" in absent) == ("LinearCrossEntropyLoss" not in keys.get("loss", ""))
+    assert ("linear_ce" in absent) == ("LinearCrossEntropyLoss" not in keys["loss"].doc)
     assert ("packing" in absent) == ("_collate_for" not in source)
     # Several processes: FSDP recipes; the others refuse a world size above 1 at set-up.
     assert ("nproc" in absent) == ("fsdp" not in keys)
     if "nproc" in absent:
-        assert "world_size > 1" in source and "nproc_per_node" in source
+        assert "world_size_error(self.world_size" in source and module.CONFIG_SCHEMA.max_nproc == 1
         assert max_nproc(recipe, 8) == 1
     for name, why in absent.items():
         assert name in {c.name for c in CONTROLS} and len(why) > 10
+    assert {c.name for c in CONTROLS} == set(CONTROL_NAMES)  # the schema's control names are the screen's
 
 
 def test_lora_rank_is_absent_for_full_fine_tuning_with_the_reason():

@@ -491,7 +491,7 @@ class RecipeScreen(Screen):
 
     @property
     def validate_recipe(self) -> str | None:
-        """The recipe whose CONFIG_KEYS validation checks (none for a custom entry module, as the
+        """The recipe whose CONFIG_SCHEMA validation checks (none for a custom entry module, as the
         launcher does)."""
         return None if self.module else self.recipe
 

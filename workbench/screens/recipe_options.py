@@ -113,46 +113,23 @@ CONTROLS: tuple[Control, ...] = (
 # Short suffixes shown beside a label where the estimate does not move.
 SPEED_ONLY = {"compile": "speed; memory same", "packing": "speed; memory same"}
 
-_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
-# Controls each recipe does not read, with the reason (kept in step with each recipe's CONFIG_KEYS
-# and set-up checks; tests/workbench/test_recipe_controls.py compares them).
-ABSENT: dict[str, dict[str, str]] = {
-    "sft": {},
-    "dpo": {
-        "optimizer_in_bwd": _NO_BWD,
-        "linear_ce": "its loss is DPOLoss on sequence log-probs, not cross-entropy",
-        "packing": "preference pairs are padded, never packed",
-    },
-    "kd": {
-        "optimizer_in_bwd": _NO_BWD,
-        "linear_ce": "KDLoss needs the student's and teacher's logits (it chunks them itself)",
-        "nproc": "distillation runs on one process",
-    },
-    "grpo": {
-        "optimizer_in_bwd": _NO_BWD,
-        "linear_ce": "GRPOLoss works on per-token log-probs, not cross-entropy",
-        "packing": "prompts are sampled into rollouts, not packed",
-        "nproc": "synchronous GRPO runs on one process (grpo_async spreads the rollouts)",
-    },
-    "grpo_async": {
-        "optimizer_in_bwd": _NO_BWD,
-        "linear_ce": "GRPOLoss works on per-token log-probs, not cross-entropy",
-        "packing": "prompts are sampled into rollouts, not packed",
-        "nproc": "the trainer is one process; rollouts scale with num_generators",
-    },
-    "eval": {
-        c: "evaluation trains nothing"
-        for c in (
-            "lora_rank",
-            "optimizer",
-            "activation_checkpointing",
-            "optimizer_in_bwd",
-            "linear_ce",
-            "compile",
-            "packing",
-        )
-    },  # fmt: skip
-}
+
+def recipe_schema(recipe: str | None):
+    """The `CONFIG_SCHEMA` of a built-in recipe (sft's for None), or None for a custom entry module."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"engine.recipes.{recipe or 'sft'}")
+    except ImportError:
+        return None
+    return getattr(module, "CONFIG_SCHEMA", None)
+
+
+def unread_controls(recipe: str | None) -> dict[str, str]:
+    """Controls the recipe does not read -> why, from its schema (the fields name the controls that
+    apply; the schema says why the others do not). A custom recipe reads them all."""
+    schema = recipe_schema(recipe)
+    return schema.absent_controls() if schema is not None else {}
 
 
 def control(name: str) -> Control:
@@ -162,7 +139,7 @@ def control(name: str) -> Control:
 
 def absent_controls(cfg: dict, recipe: str | None) -> dict[str, str]:
     """Controls not offered for this config and recipe -> why (a custom recipe gets them all)."""
-    out = dict(ABSENT.get(recipe or "sft", {}))
+    out = unread_controls(recipe)
     if method_of(cfg) == "full":
         out.setdefault(
             "lora_rank", "full fine-tune trains every weight; pick a lora_*/qlora_* config for adapters"
@@ -272,7 +249,7 @@ def as_read_by(cfg: dict, recipe: str | None) -> dict:
     """A copy of `cfg` as `recipe` reads the memory options, for `training_options` with SFT's
     defaults: options the recipe does not read are dropped, a missing `loss` gets the recipe's
     default (linear CE for sft, logits-based losses otherwise)."""
-    absent = ABSENT.get(recipe or "sft", {})
+    absent = unread_controls(recipe)
     out = dict(cfg)
     if "optimizer_in_bwd" in absent:
         out.pop("optimizer_in_bwd", None)
@@ -286,8 +263,9 @@ def as_read_by(cfg: dict, recipe: str | None) -> dict:
 def max_nproc(recipe: str | None, device_count: int) -> int:
     """The most processes the form offers: 1 for one-process recipes, else the GPUs here (or
     CPU_MAX_NPROC on a machine without GPUs)."""
-    if "nproc" in ABSENT.get(recipe or "sft", {}):
-        return 1
+    schema = recipe_schema(recipe)
+    if schema is not None and schema.max_nproc is not None:
+        return schema.max_nproc
     return device_count if device_count > 0 else CPU_MAX_NPROC
 
 
@@ -296,7 +274,7 @@ def parse_nproc(text: str, recipe: str | None, device_count: int) -> int:
     top = max_nproc(recipe, device_count)
     raw = str(text).strip()
     if not raw.isdigit() or not 1 <= int(raw) <= top:
-        why = ABSENT.get(recipe or "sft", {}).get("nproc")
+        why = unread_controls(recipe).get("nproc")
         where = f"({why})" if why else (f"({device_count} GPU(s) here)" if device_count else "(CPU ranks)")
         raise ValueError(f"processes: {raw or 'empty'} — use 1..{top} {where}")
     return int(raw)
@@ -314,7 +292,7 @@ def recipe_problems(cfg: dict, recipe: str | None, nproc: int = 1, device_count:
         parse_nproc(str(nproc), recipe, device_count)
     except ValueError as exc:
         out.append(str(exc))
-    if cfg.get("optimizer_in_bwd") and "optimizer_in_bwd" not in ABSENT.get(recipe or "sft", {}):
+    if cfg.get("optimizer_in_bwd") and "optimizer_in_bwd" not in unread_controls(recipe):
         from engine.training.optimizer_in_backward import check_optimizer_in_backward_allowed
 
         try:
@@ -410,7 +388,7 @@ def training_options(cfg: dict, nproc: int = 1, recipe: str | None = None) -> di
 
     `recipe` (default: sft's defaults) decides what a missing `loss` means and whether the recipe
     reads the memory options at all (a DPO config's `optimizer_in_bwd` does nothing)."""
-    absent = ABSENT.get(recipe or "sft", {})
+    absent = unread_controls(recipe)
     opt = str(_first(cfg, ("optimizer._component_",), "adamw")).lower()
     optimizer = (
         "adamw8bit" if "8bit" in opt else "adamw4bit" if "4bit" in opt else "sgd" if "sgd" in opt else "adamw"

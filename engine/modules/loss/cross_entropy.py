@@ -20,7 +20,7 @@ def check_reduction(reduction: str, *, field: str = "loss.reduction") -> str:
     """Return `reduction` when it is one of `mean`, `sum`, `none`; raise `ConfigError` otherwise."""
     if reduction not in REDUCTIONS:
         raise ConfigError(
-            f"{field}: unknown reduction {reduction!r} — use one of {', '.join(REDUCTIONS)}", field=field
+            f"unknown reduction {reduction!r}", hint=f"use one of {', '.join(REDUCTIONS)}", field=field
         )
     return reduction
 
@@ -45,7 +45,8 @@ class ChunkedCrossEntropyLoss(nn.Module):
         super().__init__()
         if int(num_output_chunks) < 1:
             raise ConfigError(
-                f"loss.num_output_chunks: must be >= 1, got {num_output_chunks} — use 1 for no chunking",
+                f"must be >= 1, got {num_output_chunks}",
+                hint="use 1 for no chunking",
                 field="loss.num_output_chunks",
             )
         self.num_output_chunks = int(num_output_chunks)

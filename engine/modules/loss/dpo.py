@@ -37,19 +37,21 @@ class DPOLoss(nn.Module):
         super().__init__()
         if loss_type not in DPO_LOSS_TYPES:
             raise ConfigError(
-                f"loss.loss_type: unknown {loss_type!r} — use one of {', '.join(DPO_LOSS_TYPES)}",
+                f"unknown {loss_type!r}",
+                hint=f"use one of {', '.join(DPO_LOSS_TYPES)}",
                 field="loss.loss_type",
             )
         if not beta > 0:
-            raise ConfigError(f"loss.beta: must be > 0, got {beta}", field="loss.beta")
+            raise ConfigError(f"must be > 0, got {beta}", field="loss.beta")
         if not 0.0 <= label_smoothing < 0.5:
             raise ConfigError(
-                f"loss.label_smoothing: must be in [0, 0.5), got {label_smoothing}",
+                f"must be in [0, 0.5), got {label_smoothing}",
                 field="loss.label_smoothing",
             )
         if label_smoothing and loss_type != "sigmoid":
             raise ConfigError(
-                f"loss.label_smoothing: only the sigmoid loss uses it — set it to 0 for {loss_type}",
+                "only the sigmoid loss uses it",
+                hint=f"set it to 0 for {loss_type}",
                 field="loss.label_smoothing",
             )
         self.beta = float(beta)

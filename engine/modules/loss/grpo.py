@@ -26,7 +26,7 @@ def group_advantages(
     """
     if group_size < 1 or rewards.numel() % group_size:
         raise ConfigError(
-            f"group_size: {rewards.numel()} rewards do not split into groups of {group_size}",
+            f"{rewards.numel()} rewards do not split into groups of {group_size}",
             field="group_size",
         )
     r = rewards.float().view(-1, group_size)  # [N, G]
@@ -61,12 +61,12 @@ class GRPOLoss(nn.Module):
     ) -> None:
         super().__init__()
         if epsilon <= 0 or (epsilon_high is not None and epsilon_high <= 0):
-            raise ConfigError("loss.epsilon: clip ranges must be > 0", field="loss.epsilon")
+            raise ConfigError("clip ranges must be > 0", field="loss.epsilon")
         if kl_coeff < 0:
-            raise ConfigError(f"loss.kl_coeff: must be >= 0, got {kl_coeff}", field="loss.kl_coeff")
+            raise ConfigError(f"must be >= 0, got {kl_coeff}", field="loss.kl_coeff")
         if aggregation not in ("sequence", "token"):
             raise ConfigError(
-                f"loss.aggregation: unknown {aggregation!r} — use sequence or token", field="loss.aggregation"
+                f"unknown {aggregation!r}", hint="use sequence or token", field="loss.aggregation"
             )
         self.epsilon = float(epsilon)
         self.epsilon_high = float(epsilon_high if epsilon_high is not None else epsilon)
@@ -91,7 +91,7 @@ class GRPOLoss(nn.Module):
         kl = torch.zeros_like(per_token)
         if self.kl_coeff > 0:
             if ref_logps is None:
-                raise ConfigError("loss.kl_coeff: > 0 needs reference log-probs", field="loss.kl_coeff")
+                raise ConfigError("> 0 needs reference log-probs", field="loss.kl_coeff")
             d = ref_logps.float() - logps.float()
             kl = torch.exp(d) - d - 1.0  # k3, [B,T]
             per_token = per_token + self.kl_coeff * kl

@@ -68,14 +68,14 @@ class KDLoss(nn.Module):
         super().__init__()
         if kind not in KD_KINDS:
             raise ConfigError(
-                f"loss.kind: unknown {kind!r} — use one of {', '.join(KD_KINDS)}", field="loss.kind"
+                f"unknown {kind!r}", hint=f"use one of {', '.join(KD_KINDS)}", field="loss.kind"
             )
         if not 0.0 <= kd_ratio <= 1.0:
-            raise ConfigError(f"loss.kd_ratio: must be in [0, 1], got {kd_ratio}", field="loss.kd_ratio")
+            raise ConfigError(f"must be in [0, 1], got {kd_ratio}", field="loss.kd_ratio")
         if temperature <= 0:
-            raise ConfigError(f"loss.temperature: must be > 0, got {temperature}", field="loss.temperature")
+            raise ConfigError(f"must be > 0, got {temperature}", field="loss.temperature")
         if chunk_size < 1:
-            raise ConfigError(f"loss.chunk_size: must be >= 1, got {chunk_size}", field="loss.chunk_size")
+            raise ConfigError(f"must be >= 1, got {chunk_size}", field="loss.chunk_size")
         self.kind = kind
         self.kd_ratio = float(kd_ratio)
         self.temperature = float(temperature)

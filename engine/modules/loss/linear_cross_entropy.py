@@ -111,17 +111,17 @@ class LinearCrossEntropyLoss(nn.Module):
         super().__init__()
         if num_chunks is not None and chunk_size is not None:
             raise ConfigError(
-                "loss: both num_chunks and chunk_size are set — give only one of them", field="loss"
+                "both num_chunks and chunk_size are set", hint="give only one of them", field="loss"
             )
         for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
             if value is not None and int(value) < 1:
-                raise ConfigError(f"loss.{name}: must be >= 1, got {value}", field=f"loss.{name}")
+                raise ConfigError(f"must be >= 1, got {value}", field=f"loss.{name}")
         if num_chunks is None and chunk_size is None:
             chunk_size = 1024
         if check_reduction(reduction) == "none":
             raise ConfigError(
-                "loss.reduction: 'none' is not supported by linear cross-entropy — use 'mean' or 'sum' "
-                "and call the loss with return_per_token=True for per-token values",
+                "'none' is not supported by linear cross-entropy",
+                hint="use 'mean' or 'sum' and call the loss with return_per_token=True for per-token values",
                 field="loss.reduction",
             )
         self.num_chunks = num_chunks

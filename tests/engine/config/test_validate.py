@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from engine.config import ConfigProblem, load_yaml
+from engine.config import ConfigProblem, Field, Schema, load_yaml
 from engine.config._validate import validate, validate_file
 
 
@@ -156,12 +156,14 @@ def test_validate_builds_nothing(monkeypatch):
 
 def test_recipe_config_keys(monkeypatch):
     recipe = types.ModuleType("engine.recipes._tb_toy")
-    recipe.CONFIG_KEYS = {
-        "model": "the model",
-        "optimizer": "the optimizer",
-        "epochs": "passes over the data",
-    }
-    recipe.CALL_SITE_ARGS = {"in_features"}
+    recipe.CONFIG_SCHEMA = Schema(
+        {
+            "model": Field(dict, None, "the model", component=True),
+            "optimizer": Field(dict | None, None, "the optimizer", component=True),
+            "epochs": Field(int, 1, "passes over the data", minimum=1),
+        },
+        call_site_args=frozenset({"in_features"}),
+    )
     monkeypatch.setitem(sys.modules, "engine.recipes._tb_toy", recipe)
     cfg = {
         "model": {"_component_": "torch.nn.Linear", "out_features": 2},  # in_features comes from the recipe
@@ -190,7 +192,7 @@ def test_validate_file_reports_yaml_line_and_column(write_yaml):
 
 def test_validate_file_collects_bad_overrides_and_reads_the_launch_line(write_yaml, monkeypatch):
     recipe = types.ModuleType("engine.recipes._tb_toy2")
-    recipe.CONFIG_KEYS = {"lr": "learning rate"}
+    recipe.CONFIG_SCHEMA = Schema({"lr": Field(float, 1e-3, "learning rate")})
     monkeypatch.setitem(sys.modules, "engine.recipes._tb_toy2", recipe)
     path = write_yaml("# tunebench run _tb_toy2 --config cfg.yaml\nlr: 1\n")
     problems, found = validate_file(path, ["oops", "~nope", "lr=2", "+epochs=3"])

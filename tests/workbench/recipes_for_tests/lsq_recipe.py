@@ -58,12 +58,12 @@ def _read_config(argv: list[str]) -> dict:
     for key in cfg:
         if key not in CONFIG_KEYS:
             raise ConfigError(
-                f"{key}: unknown key for lsq_recipe — use one of {', '.join(CONFIG_KEYS)}", field=key
+                "unknown key for lsq_recipe", hint=f"use one of {', '.join(CONFIG_KEYS)}", field=key
             )
     if not isinstance(cfg.get("steps"), int) or cfg["steps"] < 1:
-        raise ConfigError("steps: must be a positive integer — set steps=100 for example", field="steps")
+        raise ConfigError("must be a positive integer", hint="set steps=100 for example", field="steps")
     if "output_dir" not in cfg:
-        raise ConfigError("output_dir: missing — set output_dir=DIR", field="output_dir")
+        raise ConfigError("missing", hint="set output_dir=DIR", field="output_dir")
     return cfg
 
 

@@ -1,0 +1,123 @@
+"""The config keys several recipes share, each declared once (type, default, bounds, doc, controls).
+
+A recipe's `CONFIG_SCHEMA` takes them with `shared(key)` (or `shared(key, "its own doc line")`) and
+declares its own keys in place; see `engine.config.schema` for what reads a schema.
+"""
+
+from __future__ import annotations
+
+from engine.config.schema import REQUIRED, Field
+
+DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16")
+
+_COMPONENT = dict(component=True)
+
+SHARED: dict[str, Field] = {
+    "output_dir": Field(
+        str | None,
+        None,
+        "run folder: checkpoints go to output_dir/checkpoints/step_<N>/ (the launcher sets runs/<id>)",
+    ),
+    "seed": Field(int, 0, "seed for weights of new parameters, data order and dropout (same on every rank)"),
+    "device": Field(
+        str | None,
+        None,
+        "cpu, cuda or auto (cuda when present)",
+        pattern=r"cpu|auto|cuda(:\d+)?",
+        expect="cpu, cuda, cuda:N or auto",
+    ),  # fmt: skip
+    "dtype": Field(
+        str,
+        "fp32",
+        "fp32 or bf16 for weights and compute (bf16 halves memory; fp32 is exact on CPU)",
+        pattern="|".join(DTYPE_NAMES),
+        expect="fp32 or bf16",
+    ),  # fmt: skip
+    "checkpoint_dir": Field(
+        str | None,
+        None,
+        "Hugging Face model folder to start from, 'demo' for the embedded SmolLM2, null for random init",
+    ),
+    "model": Field(
+        dict,
+        REQUIRED,
+        "_component_ model builder (engine.models...); lora_*/qlora_* builders train adapters only",
+        controls=("lora_rank",),
+        **_COMPONENT,
+    ),  # fmt: skip
+    "tokenizer": Field(
+        dict,
+        REQUIRED,
+        "_component_ tokenizer (engine.data.tokenizers.load_tokenizer with path)",
+        **_COMPONENT,
+    ),
+    "dataset": Field(
+        dict | list,
+        REQUIRED,
+        "_component_ dataset, or a list of them (a mix; loss per source is logged)",
+        controls=("packing",),
+        **_COMPONENT,
+    ),  # fmt: skip
+    "batch_size": Field(int, 1, "samples per micro-batch on each rank", minimum=1),
+    "gradient_accumulation_steps": Field(
+        int, 1, "micro-batches per optimizer step (memory for batch size; same result)", minimum=1
+    ),
+    "epochs": Field(int, 1, "passes over the training split", minimum=1),
+    "max_steps_per_epoch": Field(
+        int | None, None, "cap on optimizer steps per epoch (null: the whole epoch)", minimum=1
+    ),
+    "optimizer": Field(
+        dict,
+        REQUIRED,
+        "_component_ optimizer (torch.optim.AdamW, torchao.optim.AdamW8bit, ...); params passed in",
+        controls=("optimizer",),
+        **_COMPONENT,
+    ),  # fmt: skip
+    "lr_scheduler": Field(
+        dict | None,
+        None,
+        "_component_ schedule (engine.training.lr_schedules...); num_training_steps is filled in",
+        **_COMPONENT,
+    ),  # fmt: skip
+    "clip_grad_norm": Field(float | None, None, "max global gradient norm (null: no clipping)", above=0.0),
+    "loss": Field(dict | None, None, "_component_ loss", **_COMPONENT),
+    "enable_activation_checkpointing": Field(
+        bool,
+        False,
+        "recompute block activations in backward (less memory, ~30% slower)",
+        controls=("activation_checkpointing",),
+    ),  # fmt: skip
+    "compile": Field(
+        bool, False, "torch.compile each block (faster steps after a one-off compile)", controls=("compile",)
+    ),
+    "fsdp": Field(
+        dict | None,
+        None,
+        "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2)",
+        keys={
+            "reshard_after_forward": Field(bool, True, "free gathered weights after each block's forward"),
+            "cpu_offload": Field(bool, False, "keep sharded parameters and optimizer state in host memory"),
+        },
+    ),  # fmt: skip
+    "save_every_n_steps": Field(
+        int | None, None, "checkpoint period in optimizer steps (null: epoch ends only)", minimum=1
+    ),
+    "keep_last_n_checkpoints": Field(int, 2, "complete checkpoints to keep", minimum=1),
+    "resume": Field(
+        bool | str | None,
+        False,
+        "true: continue from the latest checkpoint in output_dir; a path: from that checkpoint",
+    ),
+    "shuffle": Field(bool, True, "shuffle the training split each epoch (seeded)"),
+}
+
+
+def shared(key: str, doc: str | None = None, **changes) -> Field:
+    """The shared declaration of `key`, with this recipe's own doc line (and other changes) if given."""
+    f = SHARED[key]
+    return f.but(doc=doc, **changes) if doc is not None else (f.but(**changes) if changes else f)
+
+
+def shared_fields(*keys: str) -> dict[str, Field]:
+    """`{key: shared(key)}` for several keys, in order."""
+    return {k: SHARED[k] for k in keys}
