@@ -104,7 +104,7 @@ def run_recipe(monkeypatch, capsys, recipe: str, path: Path, *overrides: str) ->
 # (recipe, change, the words the one line must hold). Each of these was a traceback (ValueError,
 # KeyError, AttributeError from int()/dict()/cfg[...]) or silently ran with the wrong meaning
 # (`optimizer_in_bwd: "no"` is True to bool(); `batch_size: 2.5` trained with 2; `save_every_n_steps: 0`
-# never saved) before the recipes declared CONFIG_TYPES.
+# never saved) before the recipes declared their CONFIG_SCHEMA.
 CASES = [
     ("sft", {"batch_size": "two"}, "batch_size: expects an integer >= 1, got str 'two'"),
     ("sft", {"batch_size": 2.5}, "batch_size: expects an integer >= 1, got float 2.5"),
