@@ -28,8 +28,10 @@ def check_low_bit_optimizer_supported(device: torch.device | str = "cpu", *, nam
     Raises:
         ConfigError: torchao missing, no C++ compiler (CPU), or no Triton (CUDA).
     """
+    from engine.modules.torchao_import import import_torchao
+
     try:
-        import torchao.optim  # noqa: F401
+        import_torchao("torchao.optim")
     except ImportError as exc:
         raise ConfigError(
             f"{name} needs torchao (pip install 'torchao>=0.14'): {exc}", field="optimizer"
@@ -82,7 +84,9 @@ def adamw_8bit(
     """
     params = list(params)
     check_low_bit_optimizer_supported(_params_device(params), name="AdamW8bit")
-    from torchao.optim import AdamW8bit
+    from engine.modules.torchao_import import import_torchao
+
+    AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # noqa: N806
 
     return AdamW8bit(
         params,
@@ -111,7 +115,9 @@ def adamw_4bit(
     """
     params = list(params)
     check_low_bit_optimizer_supported(_params_device(params), name="AdamW4bit")
-    from torchao.optim import AdamW4bit
+    from engine.modules.torchao_import import import_torchao
+
+    AdamW4bit = import_torchao("torchao.optim").AdamW4bit  # noqa: N806
 
     return AdamW4bit(
         params,

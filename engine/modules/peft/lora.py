@@ -19,9 +19,9 @@ NF4_SCALER_BLOCK_SIZE = 256
 
 
 def _nf4_cls():
-    from torchao.quantization import NF4Tensor
+    from engine.modules.torchao_import import import_torchao
 
-    return NF4Tensor
+    return import_torchao("torchao.quantization").NF4Tensor
 
 
 def nf4_block_sizes(numel: int) -> tuple[int, int]:
@@ -46,8 +46,9 @@ def nf4_block_sizes(numel: int) -> tuple[int, int]:
 def to_nf4(weight: torch.Tensor) -> torch.Tensor:
     """Quantise a 2-D weight to torchao's NF4 (blocks of 64, double-quantised scalers; see
     `nf4_block_sizes`). Raises ValueError when the size is not a multiple of 64."""
-    from torchao.quantization import to_nf4 as _to_nf4
+    from engine.modules.torchao_import import import_torchao
 
+    _to_nf4 = import_torchao("torchao.quantization").to_nf4
     block, scaler_block = nf4_block_sizes(weight.numel())
     return _to_nf4(weight.detach(), block, scaler_block)
 
