@@ -11,7 +11,9 @@ minibatches of `minibatch_size` completions, one optimizer step each (GRPOLoss: 
 The reference is a frozen copy of the starting model, or the policy with adapters disabled (LoRA).
 
 Logged per step: `reward/mean`, `reward/std`, `rewards/<name>`, `kl`, `clip_fraction`, `ratio`,
-`completion_length`, `loss`, `lr`, `grad_norm`, `rollout_tokens_per_sec`, `step_time`; the first
+`completion_length`, `loss`, `lr`, `grad_norm`, `rollout_tokens_per_sec` (completion tokens per second
+of generation), `tokens_per_sec` (prompt + completion tokens of the step's sequences per second of the
+whole step: generation, scoring and every PPO pass; the progress line's figure), `step_time`; the first
 `num_samples_to_log` completions of every step go to `output_dir/samples.jsonl`. One process (the
 asynchronous recipe, `grpo_async`, spreads generation over Ray actors). Exit codes as in SFT.
 """
@@ -405,6 +407,8 @@ class GRPORecipe:
         train_stats = self.train_on(ro)
         self.global_step += 1
         lengths = torch.tensor([len(c) for c in ro.completions], dtype=torch.float32)
+        step_time = time.perf_counter() - t0
+        tokens = sum(len(p) for p in ro.prompts) + float(lengths.sum())  # every sequence the step scored
         metrics = {
             "reward/mean": float(ro.rewards.mean()),
             "reward/std": float(ro.rewards.std()) if len(ro.rewards) > 1 else 0.0,
@@ -413,7 +417,8 @@ class GRPORecipe:
             "completion_length": float(lengths.mean()),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "rollout_tokens_per_sec": float(lengths.sum()) / max(ro.gen_time, 1e-9),
-            "step_time": time.perf_counter() - t0,
+            "tokens_per_sec": tokens / max(step_time, 1e-9),
+            "step_time": step_time,
             "epoch": self.epoch,
             **(extra or {}),
         }
