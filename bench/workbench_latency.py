@@ -8,7 +8,7 @@
    just before the process is spawned, so interpreter start-up and imports are included. Goal < 1 s.
 2. Compare redraw: the Compare screen with 5 runs x 50,000 steps of loss (and 4 other metrics) in a
    160x48 headless terminal. One redraw = switching the plotted metric and turning the plot into
-   lines (`render_lines`: downsampling, the plotext figure and Textual's line layout, all that the
+   lines (`render_lines`: downsampling, the braille frame and Textual's line layout, all that the
    compositor waits for). Medians of `--redraws` redraws of each kind: a metric shown for the first
    time (smooth curves and noisy ones apart), back to a metric already shown, a repaint of the same
    frame. Goal < 50 ms. The first draws are timed again in a 240x70 terminal (the per-pixel work
@@ -101,8 +101,8 @@ def synthetic_runs(n_runs: int, steps: int) -> tuple[dict, dict]:
     return runs, {rid: as_arrays(series) for rid, series in data.items()}
 
 
-SMOOTH = ("loss", "lr", "mem_peak_gb")  # thin curves: plotext draws a line
-NOISY = ("tokens_per_sec", "grad_norm")  # noise over the whole y range: plotext fills a band, pixel by pixel
+SMOOTH = ("loss", "lr", "mem_peak_gb")  # thin curves: a line of dots
+NOISY = ("tokens_per_sec", "grad_norm")  # noise over the whole y range: bands of pixels, many per segment
 
 
 async def compare_redraw(
@@ -110,10 +110,10 @@ async def compare_redraw(
 ) -> dict[str, tuple[float, float]]:
     """Median (wall ms, main-thread CPU ms) over `repeats` of each kind of Compare redraw. Each one
     ends with the plot turned into lines (`render_lines`, what the compositor paints), so Textual's
-    own work is counted, not only plotext's:
+    own work is counted, not only the renderer's:
 
     cold_smooth / cold_noisy: a metric shown for the first time (the plot's caches dropped first):
-        downsample + plotext + Textual's line layout; smooth and noisy curves apart.
+        downsample + braille frame + Textual's line layout; smooth and noisy curves apart.
     switch: back to a metric already shown (its frame and lines come from the cache).
     repaint: the same frame painted again (after a toast over it, say): Textual's line styling only.
     first_switch: as the screen runs, the first switch to each other metric once the plot's worker
@@ -191,12 +191,41 @@ WIDE = (240, 70)  # a large terminal: the first draw grows with the plot's cells
 WIDE_PLOT = "238x29"
 
 REDRAW_ROWS = {
-    "cold_smooth": "Compare, 5 runs x 50,000 steps: a metric shown for the first time, smooth curves (loss, lr, memory): downsample + plotext + Textual lines",
+    "cold_smooth": "Compare, 5 runs x 50,000 steps: a metric shown for the first time, smooth curves (loss, lr, memory): downsample + braille frame + Textual lines",
     "cold_noisy": "the same, noisy curves (tokens/s, grad norm: bands over the whole height)",
     "switch": "Compare: back to a metric already shown (cached frame and lines)",
     "repaint": "Compare: the same frame painted again (Textual line styling only)",
     "first_switch": "Compare as it runs: first switch to each other metric, its frame prepared by the plot's worker thread",
 }
+
+
+# What decided the renderer, and the figures before it (kept in the report; see docs/BENCHMARKS.md).
+BEFORE_AFTER = [
+    "Before/after the plot renderer change (issue 15, 2026-12-02, same machine, load 0.0-0.2, one run",
+    "each, medians of 25 redraws, 8 at 240x70): with plotext 5 behind the replaced private helpers",
+    "(commit 7e5786e) a first draw took 8.9 ms (smooth) / 25.1 ms (noisy) at 160x48 and 14.9 / 59.8 ms",
+    "at 240x70 (noisy missed the goal); with our numpy braille renderer (`workbench/widgets/braille.py`)",
+    "the rows above. The candidate that was measured first, textual-plot 0.10.1 (with",
+    "textual-hires-canvas 0.14, braille mode, our min/max downsampling in front, the same 5 x 50,000",
+    "curves, `bench/textual_plot_probe.py`): 27 ms smooth / 138 ms noisy at 160x48 (plot 158x20) and",
+    "38 / 353 ms at 240x70 (plot 238x29), because it rasterises every line segment pixel by pixel in",
+    "Python; it also composes its plot from child canvas widgets, which a worker thread cannot build,",
+    "so the frame caches and the worker preparation would not carry over. It missed both goals, so",
+    "the plot is our own: data to pixels, line pixels, braille dot bits per cell and colour runs are",
+    "numpy array operations (no per-pixel Python), axes, ticks and legend a few string operations.",
+    "",
+    "Earlier figures (same protocol, plotext): at commit 4fbfaab (2026-11-29, load 1.8) a first draw",
+    "took 33 ms CPU for smooth curves and 361 ms for noisy ones, and every repaint rebuilt the figure;",
+    "at commit 2adc904 (2026-11-30, load 1.3) 22.7 / 93.6 ms.",
+    "",
+    "How: curves are downsampled with numpy to the plot's width (min and max of one bucket per braille",
+    "pixel column, so spikes and noise bands survive; first and last points kept), once per curve and",
+    "width; each painted frame and its Textual lines are kept per (curves, size, theme), so returning",
+    "to a metric or repainting runs neither the renderer nor Textual's line layout; Compare's other",
+    "metrics are drawn by the plot's worker thread off the event loop. Golden text of the renderer:",
+    "`tests/workbench/widgets/test_braille.py`; caches, worker and theme colours:",
+    "`tests/workbench/test_compare_redraw.py`. torch and datasets are imported only inside workers.",
+]
 
 
 def report(
@@ -237,34 +266,7 @@ def report(
                 for k, kind in (("cold_smooth", "smooth"), ("cold_noisy", "noisy"))
             ],
             "",
-            "Before (same protocol): at commit 4fbfaab (2026-11-29, load 1.8) a first draw took 33 ms CPU for",
-            "smooth curves and 361 ms for noisy ones, and every repaint rebuilt the plotext figure (32 / 365",
-            "ms); at commit 2adc904 (2026-11-30, load 1.3) a first draw took 22.7 ms CPU for smooth curves and",
-            "93.6 ms (95.3 ms wall) for noisy ones.",
-            "",
-            "How: curves are downsampled with numpy to the plot's width (min and max of one bucket per column,",
-            "so spikes survive; first and last points kept), once per curve and width; each painted frame and",
-            "its Textual lines are kept per (curves, size, theme), so returning to a metric or repainting",
-            "runs neither plotext nor Textual's line layout. plotext's per-pixel and per-cell helpers (data to",
-            "canvas coordinates, line joining, de-duplication, braille grouping, clipping, matrix insertion)",
-            "run as numpy or leaner code with byte-identical output; pixel lists carry their numpy arrays",
-            "between those steps, so none converts them back, and a curve's pixels come once each (a bitmap),",
-            "so de-duplication is a pass-through. The figure becomes Rich text straight from plotext's",
-            "character and colour matrices (one Rich parse per colour combination) instead of printing ANSI",
-            "codes and parsing them back. Identity: `tests/workbench/test_compare_redraw.py` (plotext output",
-            "byte for byte, Rich text span for span, painted lines segment for segment under the dark, light",
-            "and ANSI themes). Where a noisy first draw's ~41 ms still go (CPU time per statement of plotext's",
-            "`build_plot` and per step after it, 5 x 50,000 steps, 158 x 18 plot, 2026-11-30): ~21 ms in",
-            "plotext's own statements that loop in Python per distinct pixel (a marker-size lookup, 2 x",
-            "~62,000 calls, ~11 ms, and the max over them, ~1.7 ms) or per cell (braille character lookup",
-            "~2.5 ms, matrix insertion ~6 ms, ~11,000 cells); they sit inline in `build_plot`, so only",
-            "replacing plotext's figure builder would remove them. ~7 ms the numpy steps, ~4 ms the rest of",
-            "plotext (axes, ticks, legend), ~1.5 ms `figure_text`, ~0.5 ms `content_from_text`, ~5 ms",
-            "Textual's line layout, ~2 ms downsampling. The per-pixel part grows with the plot's area: in",
-            "a 240x70 terminal a noisy first draw is about 100 ms (row above; at commit 2adc904 it was 339 ms",
-            "CPU, smooth 38 ms, measured the same way on 2026-11-30, load 1.6); there too the plot's worker",
-            "prepares the other metrics off the event loop, so only a resize or a switch before the worker",
-            "finished pays it. torch and datasets are imported only inside workers.",
+            *BEFORE_AFTER,
             "",
         ]
     )
