@@ -97,7 +97,7 @@ def _worker_tunebench(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, s
     from engine.checkpoint import load_hf_weights
     from engine.models.llama3 import llama3
     from engine.modules.loss import LinearCrossEntropyLoss
-    from engine.training.cpu_fast_paths import cpu_fast_paths
+    from engine.training.cpu_fast_paths import cpu_fast_paths, keep_freed_memory_for_cpu_training
 
     dtype = _torch_dtype(dtype_name)
     with torch.device("meta"):
@@ -121,6 +121,7 @@ def _worker_tunebench(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, s
 
     # as the recipes run on CPU (engine.recipes._common.run_recipe_main): freed buffers kept for the
     # next step; bf16 matmuls in fp32 on CPUs without bf16 instructions
+    keep_freed_memory_for_cpu_training("cpu")
     with cpu_fast_paths("cpu", dtype):
         return _time_steps(step, warmup=warmup, steps=steps)
 

@@ -393,7 +393,7 @@ def run_recipe_main(
     (`ConfigError`: one line `NAME: field: what — what to do`). Never returns: `shutdown` exits the rank.
     """
     from engine.training import init_distributed, shutdown
-    from engine.training.cpu_fast_paths import cpu_fast_paths
+    from engine.training.cpu_fast_paths import cpu_fast_paths, keep_freed_memory_for_cpu_training
     from engine.training.multinode import check_shared_output_dir
 
     config_path, overrides = parse_recipe_args(argv, prog=f"python -m engine.recipes.{name}")
@@ -407,7 +407,11 @@ def run_recipe_main(
         check_shared_output_dir(cfg.get("output_dir") or f"./runs/{name}")  # several nodes: one folder
         recipe = recipe_cls(cfg, dist_info=dist_info)
         recipe.setup()
-        # CPU runs: keep freed buffers for the next step; bf16 matmuls in fp32 on CPUs without bf16 units
+        # CPU runs: keep freed buffers for the next step (process-wide, once); bf16 matmuls in fp32 on
+        # CPUs without bf16 units (for the training block)
+        allocator = keep_freed_memory_for_cpu_training(recipe.device)
+        if allocator and int(os.environ.get("RANK", "0")) == 0:
+            print(f"{name}: {allocator}", file=sys.stderr, flush=True)
         with cpu_fast_paths(recipe.device, recipe.dtype, compile=bool(cfg.get("compile", False))) as note:
             if note and int(os.environ.get("RANK", "0")) == 0:
                 print(f"{name}: {note}", file=sys.stderr, flush=True)

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from engine.config import ConfigError
 from engine.training.cpu_fast_paths import (
     BF16_IN_FP32_NOTE,
+    KEEP_FREED_NOTE,
     Bf16MatmulsInFp32,
     cpu_fast_paths,
+    keep_freed_memory_for_cpu_training,
     wants_bf16_matmuls_in_fp32,
 )
 
@@ -141,14 +143,68 @@ def test_when_the_fp32_path_is_chosen(monkeypatch):
         wants_bf16_matmuls_in_fp32(cpu, BF16)
     monkeypatch.setenv("TUNEBENCH_CPU_BF16_MATMUL", "fp32")
     kept = []  # the allocator setting is process-wide: recorded here, measured in a subprocess below
-    monkeypatch.setattr("engine.training.cpu_fast_paths.keep_freed_memory", lambda: kept.append(1))
+    monkeypatch.setattr("engine.training.cpu_fast_paths.keep_freed_memory", lambda: kept.append(1) or True)
     with cpu_fast_paths("cpu", BF16) as note:
         assert note == BF16_IN_FP32_NOTE
     with cpu_fast_paths("cpu", torch.float32) as note:
         assert note is None
     with cpu_fast_paths("cuda", BF16) as note:
         assert note is None
-    assert len(kept) == 2  # CPU runs only
+    assert kept == [], "the matmul mode leaves the allocator alone"
+
+
+def test_allocator_setting_is_one_explicit_logged_call(monkeypatch, caplog):
+    import logging
+
+    kept = []
+    monkeypatch.setattr("engine.training.cpu_fast_paths.keep_freed_memory", lambda: kept.append(1) or True)
+    with caplog.at_level(logging.INFO, logger="engine.training.cpu_fast_paths"):
+        assert keep_freed_memory_for_cpu_training("cuda") is None
+        assert kept == [] and not caplog.records
+        assert keep_freed_memory_for_cpu_training("cpu") == KEEP_FREED_NOTE
+    assert kept == [1] and [r.getMessage() for r in caplog.records] == [KEEP_FREED_NOTE]
+    monkeypatch.setattr("engine.training.cpu_fast_paths.keep_freed_memory", lambda: False)  # not glibc
+    assert keep_freed_memory_for_cpu_training("cpu") is None
+
+
+def test_private_torch_symbols_are_looked_up_with_a_fallback(monkeypatch):
+    """A torch without the CPU flash-attention ops upcasts the public matmuls only; one without the
+    private CPU feature probes answers from /proc/cpuinfo's flags (read here independently)."""
+    from engine.training import cpu_fast_paths as fp
+
+    names = dict(fp._UPCAST_OP_NAMES, _no_such_op_in_any_torch=None)
+    monkeypatch.setattr(fp, "_UPCAST_OP_NAMES", names)
+    fp.upcast_ops.cache_clear()
+    try:
+        ops = fp.upcast_ops()
+        assert torch.ops.aten.mm.default in ops and len(ops) == len(names) - 1
+        a, b = _bf16(8, 16, seed=0), _bf16(16, 4, seed=1)
+        mode = Bf16MatmulsInFp32()
+        with mode:
+            got = a @ b
+        assert mode.hits == 1
+        torch.testing.assert_close(got, (a.float() @ b.float()).to(BF16), rtol=0, atol=0)
+    finally:
+        monkeypatch.undo()
+        fp.upcast_ops.cache_clear()
+
+    flags = set()
+    if Path("/proc/cpuinfo").exists():
+        line = next(
+            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
+        )
+        flags = set(line.partition(":")[2].split())
+    expected = bool(flags & {"avx512_bf16", "amx_bf16"})
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.delattr(torch.cpu, name, raising=False)
+    fp.cpu_has_fast_bf16.cache_clear()
+    try:
+        assert fp.cpu_has_fast_bf16() is expected
+    finally:
+        monkeypatch.undo()
+        fp.cpu_has_fast_bf16.cache_clear()
+    with_probes = fp.cpu_has_fast_bf16()
+    assert with_probes == bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def test_keeping_freed_memory_removes_page_faults_of_reallocation():
