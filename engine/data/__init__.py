@@ -64,6 +64,7 @@ from engine.data.preview import SamplePreview, length_stats, preview_sample
 from engine.data.prompts import PromptDataset, demo_prompt_dataset, prompt_collate, prompt_dataset
 from engine.data.templates import (
     AlpacaInstructTemplate,
+    ChatMLTemplate,
     GrammarErrorCorrectionTemplate,
     InstructTemplate,
     PromptTemplate,
@@ -72,11 +73,18 @@ from engine.data.templates import (
     StackExchangedPairedTemplate,
     SummarizeTemplate,
 )
-from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages, tokenize_prompt
+from engine.data.tokenize import (
+    IGNORE_INDEX,
+    shifted_labels,
+    tokenize_messages,
+    tokenize_messages_batch,
+    tokenize_prompt,
+)
 
 __all__ = [
     "IGNORE_INDEX",
     "AlpacaInstructTemplate",
+    "ChatMLTemplate",
     "AlpacaToMessages",
     "ChatFormat",
     "ChatMLFormat",
@@ -140,6 +148,7 @@ __all__ = [
     "stack_exchange_paired_dataset",
     "text_completion_dataset",
     "tokenize_messages",
+    "tokenize_messages_batch",
     "tokenize_prompt",
     "wikitext_dataset",
 ]

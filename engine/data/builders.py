@@ -13,6 +13,9 @@ Common arguments:
   packed: return a `PackedDataset` of `max_seq_len`-long packs instead (needs max_seq_len).
   name: the source's name in logs (``loss/<name>``); default from the source.
   cache: reuse/store the tokenized result under ``$TUNEBENCH_HOME/cache/data``.
+  mask_headers: (instruct/chat/preference with a chat format) also mask the role header of trained
+    turns, e.g. Llama 3's ``<|start_header_id|>assistant<|end_header_id|>\\n\\n`` (default false: a
+    trained turn trains its header, as torchtune 0.6.1 does; see `engine.data.chat_formats`).
   num_proc: tokenize in this many worker processes (default 1; worth it from ~10k rows, each worker
     pays ~2-3 s to start; a lambda `filter_fn` keeps it in one process).
 All raise `DataError` (a `ConfigError`) with one line naming the source, row and field at fault.
@@ -99,6 +102,7 @@ def instruct_dataset(
     split_across_pack: bool = False,
     name: str | None = None,
     cache: bool = True,
+    mask_headers: bool = False,
     num_proc: int = 1,
 ) -> TokenizedDataset:
     """Prompt/response rows: the prompt is `template` applied to the row (default: the ``input``
@@ -119,7 +123,7 @@ def instruct_dataset(
         subset=subset,
         column_map=column_map,
         transform=transform,
-        chat_format=resolve_chat_format(chat_format),
+        chat_format=resolve_chat_format(chat_format, mask_headers),
         max_seq_len=max_seq_len,
         filter_fn=filter_fn,
         skip_bad_rows=skip_bad_rows,
@@ -149,6 +153,7 @@ def chat_dataset(
     split_across_pack: bool = False,
     name: str | None = None,
     cache: bool = True,
+    mask_headers: bool = False,
     num_proc: int = 1,
 ) -> TokenizedDataset:
     """Multi-turn conversations.
@@ -163,6 +168,7 @@ def chat_dataset(
     transform = ConversationToMessages(conversation_style, train_on_input, system_prompt)
 
     fmt = TokenizerChatTemplate() if chat_format is None else resolve_chat_format(chat_format)
+    fmt = resolve_chat_format(fmt, mask_headers)
     ds = build_tokenized(
         tokenizer,
         kind="sft",
@@ -197,6 +203,7 @@ def preference_dataset(
     skip_bad_rows: bool = False,
     name: str | None = None,
     cache: bool = True,
+    mask_headers: bool = False,
     num_proc: int = 1,
 ) -> PreferenceDataset:
     """Chosen/rejected pairs (see `ChosenRejectedToMessages` for the three row shapes read).
@@ -214,7 +221,7 @@ def preference_dataset(
         subset=subset,
         column_map=column_map,
         transform=ChosenRejectedToMessages(tmpl, train_on_input),
-        chat_format=resolve_chat_format(chat_format),
+        chat_format=resolve_chat_format(chat_format, mask_headers),
         max_seq_len=max_seq_len,
         filter_fn=filter_fn,
         skip_bad_rows=skip_bad_rows,

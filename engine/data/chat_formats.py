@@ -13,11 +13,20 @@ Formats (all component-usable, e.g. ``chat_format: engine.data.ChatMLFormat``):
   `Llama3ChatFormat`    ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``
   `MistralChatFormat`   ``<s>[INST] {user} [/INST]{answer}</s>`` (v1 layout, answer encoded alone)
   `TokenizerChatTemplate`  the tokenizer's own Jinja chat template (``tokenizer_config.json``)
-Headers and prompts are masked; an assistant turn trains its content and its end-of-turn marker.
+
+Labels (torchtune 0.6.1's layout, so a tunebench run and a torchtune run on the same rows train the
+same tokens): every token of a turn -- its header, content and end-of-turn marker -- takes the turn's
+mask (`Message.masked`); BOS is masked. ``mask_headers=True`` (an argument of every format and of the
+dataset builders) masks the role headers of trained turns as well (Llama 3
+``<|start_header_id|>assistant<|end_header_id|>\\n\\n``, ChatML ``<|im_start|>assistant\\n`` and the
+newline after ``<|im_end|>``), so only content and end-of-turn markers are trained. Llama 2 and
+Mistral have no role headers: their ``[INST] ... [/INST]`` belongs to the (masked) user turn.
+Tested against torchtune 0.6.1 itself and Meta's layout in tests/engine/data/test_torchtune_parity.py.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -49,7 +58,23 @@ class Unit:
 
 
 class ChatFormat(ABC):
-    """Interface: `units(messages) -> list[Unit]`. Subclasses are stateless and compare by type."""
+    """Interface: `units(messages) -> list[Unit]`.
+
+    Args:
+      mask_headers: mask the role headers of trained turns too (default False: a trained turn trains
+        its header, as torchtune does). Formats without role headers ignore it.
+    """
+
+    def __init__(self, mask_headers: bool = False):
+        if not isinstance(mask_headers, bool):
+            raise DataError(f"mask_headers: must be true or false, got {mask_headers!r}")
+        self.mask_headers = mask_headers
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
 
     @abstractmethod
     def units(self, messages: list[Message], tokenizer) -> list[Unit]:
@@ -61,11 +86,12 @@ class ChatFormat(ABC):
         return self.units(messages, tokenizer)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}(mask_headers={self.mask_headers})"
 
 
 def _plain_units(messages: list[Message], tokenizer) -> list[Unit]:
-    # BOS only where the tokenizer itself prepends one (Llama, Mistral: yes; Qwen, SmolLM2: no).
+    # BOS where the model's tokenizer starts sequences with one (Llama 2/3, Mistral: yes; Qwen,
+    # SmolLM2: no); `encode_unit` never doubles a BOS the text already starts with.
     unit = Unit(bos=bool(getattr(tokenizer, "adds_bos", True)), eos=True)
     for m in messages:
         unit.add(m.content, m.masked)
@@ -88,17 +114,19 @@ class PlainFormat(ChatFormat):
 class ChatMLFormat(ChatFormat):
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, no BOS/EOS ids.
 
-    An assistant turn trains ``{content}<|im_end|>``; its header and the newline after are masked.
+    Each message's tokens take its mask (header, content, ``<|im_end|>`` and the newline after); the
+    newline after the last message is masked (torchtune ends a sample at ``<|im_end|>``; the
+    published layout, as Qwen's template renders it, has the newline). ``mask_headers`` masks
+    ``<|im_start|>{role}\\n`` and that newline in every turn.
     """
 
     def units(self, messages, tokenizer):
         out = []
-        for m in messages:
-            head = f"<|im_start|>{m.role}\n"
-            if m.role == "assistant":
-                out.append(Unit().add(head, True).add(m.content + "<|im_end|>", m.masked).add("\n", True))
-            else:
-                out.append(Unit().add(head + m.content + "<|im_end|>\n", m.masked))
+        for k, m in enumerate(messages):
+            last = k == len(messages) - 1
+            unit = Unit().add(f"<|im_start|>{m.role}\n", m.masked or self.mask_headers)
+            unit.add(m.content + "<|im_end|>", m.masked)
+            out.append(unit.add("\n", m.masked or self.mask_headers or last))
         return out
 
     def prompt_units(self, messages, tokenizer):
@@ -106,15 +134,19 @@ class ChatMLFormat(ChatFormat):
 
 
 class Llama3ChatFormat(ChatFormat):
-    """Llama 3: ``<|begin_of_text|>`` then per message
-    ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``; the header is masked."""
+    """Llama 3, as Meta's reference `ChatFormat` encodes a dialog: ``<|begin_of_text|>`` then per
+    message ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content.strip()}<|eot_id|>``.
+
+    Each message's tokens take its mask (header included; ``mask_headers`` masks the header). Unlike
+    torchtune, no ``<|end_of_text|>`` follows the last turn (Meta's dialog has none)."""
 
     def units(self, messages, tokenizer):
         out = [Unit().add("<|begin_of_text|>", True)]
         for m in messages:
             role = "ipython" if m.role == "tool" else m.role
             head = f"<|start_header_id|>{role}<|end_header_id|>\n\n"
-            out.append(Unit().add(head, True).add(m.content + "<|eot_id|>", m.masked))
+            unit = Unit().add(head, m.masked or self.mask_headers)
+            out.append(unit.add(m.content.strip() + "<|eot_id|>", m.masked))
         return out
 
     def prompt_units(self, messages, tokenizer):
@@ -189,14 +221,19 @@ class TokenizerChatTemplate(ChatFormat):
     """The tokenizer's own Jinja chat template (``chat_template`` in ``tokenizer_config.json``).
 
     The whole conversation is rendered once and encoded in one call, exactly as
-    ``apply_chat_template(tokenize=True)`` does. Each trained turn (assistant turns; every turn with
-    `train_on_input`) spans its content as found in the rendered text (templates may trim it) through
-    the first end-of-turn token after it (the tokenizer's `stop_tokens`); headers stay masked. Raises `RowError` when the template drops or rewrites a message.
+    ``apply_chat_template(tokenize=True)`` does. Each turn's text is found in the rendering: its
+    content (templates may trim it) through the first end-of-turn token after it (the tokenizer's
+    `stop_tokens`) and the whitespace after that; its header is the text between the previous turn
+    and its content (a BOS the template writes first stays masked). A trained turn trains header,
+    content and end marker, or with ``mask_headers`` its content and end marker only. Raises
+    `RowError` when the template drops or rewrites a message.
     Args:
       template_kwargs: extra template switches (e.g. ``{"enable_thinking": false}`` for Qwen3).
+      mask_headers: see `ChatFormat`.
     """
 
-    def __init__(self, template_kwargs: dict | None = None):
+    def __init__(self, template_kwargs: dict | None = None, mask_headers: bool = False):
+        super().__init__(mask_headers)
         self.template_kwargs = dict(template_kwargs or {})
 
     def units(self, messages, tokenizer):
@@ -209,25 +246,33 @@ class TokenizerChatTemplate(ChatFormat):
         text = tokenizer.apply_chat_template(dicts, add_generation_prompt=False, **self.template_kwargs)
         stops = [tokenizer.id_to_token(i) for i in getattr(tokenizer, "stop_tokens", [])]
         stops = [s for s in stops if s]
+        bos_id = getattr(tokenizer, "bos_id", None)
+        bos = tokenizer.id_to_token(bos_id) if bos_id is not None else None
         unit = Unit()
-        cursor = search = 0  # cursor: end of the text already placed in segments; search: scan start
+        cursor = 0  # end of the text already placed in segments
+        if bos and text.startswith(bos):
+            unit.add(bos, True)
+            cursor = len(bos)
         for k, m in enumerate(messages):
             body = m.content.strip()
-            start = text.find(body, search) if body else search
+            start = text.find(body, cursor) if body else cursor
             if start < 0:
                 raise RowError(
                     "messages", f"the chat template rewrites turn {k}; use an explicit chat_format"
                 )
-            end = search = start + len(body)
-            if not m.masked:
-                ends = [(text.find(s, end), s) for s in stops]
-                ends = [(p, s) for p, s in ends if p >= 0]
-                if ends:
-                    p, s = min(ends)
-                    end = p + len(s)
-                unit.add(text[cursor:start], True)
-                unit.add(text[start:end], False)
-                cursor = search = end
+            end = start + len(body)
+            ends = [(p, s) for p, s in ((text.find(s, end), s) for s in stops) if p >= 0]
+            if ends:
+                p, s = min(ends)
+                end = p + len(s)
+            turn_end = end
+            while turn_end < len(text) and text[turn_end].isspace():
+                turn_end += 1
+            head_masked = m.masked or self.mask_headers
+            unit.add(text[cursor:start], head_masked)
+            unit.add(text[start:end], m.masked)
+            unit.add(text[end:turn_end], head_masked or k == len(messages) - 1)
+            cursor = turn_end
         unit.add(text[cursor:], True)
         return [unit]
 
@@ -239,7 +284,7 @@ class TokenizerChatTemplate(ChatFormat):
         return [Unit().add(text, True)]
 
     def __repr__(self) -> str:
-        return f"TokenizerChatTemplate({self.template_kwargs!r})"
+        return f"TokenizerChatTemplate({self.template_kwargs!r}, mask_headers={self.mask_headers})"
 
 
 CHAT_FORMATS = {
@@ -252,9 +297,20 @@ CHAT_FORMATS = {
 }
 
 
-def resolve_chat_format(chat_format) -> ChatFormat:
+def resolve_chat_format(chat_format, mask_headers: bool | None = None) -> ChatFormat:
     """A `ChatFormat` from an instance, a class, a dotted name (``engine.data.ChatMLFormat``), a short
-    name (``chatml``, ``llama2``, ``llama3``, ``mistral``, ``tokenizer``, ``plain``) or None (plain)."""
+    name (``chatml``, ``llama2``, ``llama3``, ``mistral``, ``tokenizer``, ``plain``) or None (plain).
+    `mask_headers` (when not None) overrides the format's own setting."""
+    fmt = _resolve(chat_format)
+    if mask_headers is not None and mask_headers != fmt.mask_headers:
+        if not isinstance(mask_headers, bool):
+            raise DataError(f"mask_headers: must be true or false, got {mask_headers!r}")
+        fmt = copy.copy(fmt)
+        fmt.mask_headers = mask_headers
+    return fmt
+
+
+def _resolve(chat_format) -> ChatFormat:
     if chat_format is None:
         return PlainFormat()
     if isinstance(chat_format, ChatFormat):

@@ -23,7 +23,7 @@ from engine.data import cache as data_cache
 from engine.data.errors import DataError, where
 from engine.data.messages import RowError, apply_column_map
 from engine.data.sources import load_rows, source_fingerprint
-from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages
+from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages, tokenize_messages_batch
 
 log = logging.getLogger("engine.data")
 
@@ -96,6 +96,37 @@ class _Convert:
             )
         return _trained(tokenize_messages(tok, self.transform(row), fmt, n), "output")
 
+    def convert_batch(self, rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        """`__call__` for many rows with one batched encode: ``("ok", value)`` or ``("bad", RowError)``."""
+        convs: list[list] = []
+        owners: list[int] = []  # row index of each conversation (two per preference row)
+        out: list[tuple[str, Any]] = [("ok", None)] * len(rows)
+        for k, row in enumerate(rows):
+            try:
+                msgs = self.transform(row)
+            except RowError as exc:
+                out[k] = ("bad", exc)
+                continue
+            pair = msgs if self.kind == "preference" else (msgs,)
+            convs += pair
+            owners += [k] * len(pair)
+        results = tokenize_messages_batch(self.tokenizer, convs, self.chat_format, self.max_seq_len)
+        names = ("chosen", "rejected") if self.kind == "preference" else ("output",)
+        got: dict[int, list] = {}
+        for k, res in zip(owners, results):
+            got.setdefault(k, []).append(res)
+        for k, parts in got.items():
+            try:
+                values = []
+                for res, what in zip(parts, names):
+                    if isinstance(res, RowError):
+                        raise res
+                    values.append(_trained(res, what))
+                out[k] = ("ok", tuple(values) if self.kind == "preference" else values[0])
+            except RowError as exc:
+                out[k] = ("bad", exc)
+        return out
+
 
 _WORKER: dict[str, Any] = {}  # per worker process: the converter etc., sent once by the pool initializer
 
@@ -114,12 +145,31 @@ def _worker_chunk(args) -> list[tuple[str, int, Any]]:
     )
 
 
+_BATCH = 512  # rows per batched encode
+
+
 def _process_chunk(
     start, rows, column_map, convert, filter_fn, skip_blank, stop_at_bad
 ) -> list[tuple[str, int, Any]]:
     """Run rows ``start..`` of one chunk: ``[("ok"|"filtered"|"bad", row index, value), ...]``.
-    With `stop_at_bad` the chunk ends at its first bad row (the caller raises on it)."""
+    With `stop_at_bad` the chunk ends at its first bad row (the caller raises on it). A converter
+    with `convert_batch` gets the rows in batches (one tokenizer call per batch)."""
     out: list[tuple[str, int, Any]] = []
+    batched = hasattr(convert, "convert_batch")
+    pending: list[tuple[int, dict[str, Any]]] = []
+
+    def flush() -> bool:
+        results = convert.convert_batch([m for _, m in pending])
+        for (idx, _), (status, value) in zip(pending, results):
+            if status == "ok":
+                out.append(("ok", idx, value))
+            else:
+                out.append(("bad", idx, (value.field, value.problem)))
+                if stop_at_bad:
+                    return False
+        pending.clear()
+        return True
+
     for k, row in enumerate(rows):
         idx = start + k
         try:
@@ -129,11 +179,20 @@ def _process_chunk(
             ):
                 out.append(("filtered", idx, None))
                 continue
+            if batched:
+                pending.append((idx, mapped))
+                if len(pending) >= _BATCH and not flush():
+                    return out
+                continue
             out.append(("ok", idx, convert(mapped)))
         except RowError as exc:
+            if batched and pending and not flush():
+                return out
             out.append(("bad", idx, (exc.field, exc.problem)))
             if stop_at_bad:
                 break
+    if batched and pending:
+        flush()
     return out
 
 

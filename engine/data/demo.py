@@ -260,6 +260,7 @@ def demo_dataset(
     split: str = "train",
     chat_format: Any = "auto",
     train_on_input: bool = False,
+    mask_headers: bool = False,
     max_seq_len: int | None = None,
     packed: bool = False,
     cache: bool = True,
@@ -271,7 +272,7 @@ def demo_dataset(
       chat_format: "auto" (default) uses the tokenizer's chat template when it has one (an instruct
         model sees its usual layout), else the plain ``Question: ...\\n\\nAnswer: `` prompt; or any
         chat format / None for plain.
-      train_on_input, max_seq_len, packed, cache: as in `instruct_dataset`.
+      train_on_input, mask_headers, max_seq_len, packed, cache: as in `instruct_dataset`.
     """
     from engine.data.builders import instruct_dataset
     from engine.data.templates import QuestionAnswerTemplate
@@ -286,6 +287,7 @@ def demo_dataset(
         column_map={"output": "answer"},
         train_on_input=train_on_input,
         chat_format=chat_format,
+        mask_headers=mask_headers,
         max_seq_len=max_seq_len,
         packed=packed,
         name="demo",

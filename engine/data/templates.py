@@ -111,7 +111,8 @@ ALPACA_NO_INPUT = (
 
 class AlpacaInstructTemplate(InstructTemplate):
     """The Alpaca prompt: reads ``instruction`` and (optional) ``input``; picks the no-input variant
-    when ``input`` is missing or blank."""
+    when ``input`` is missing or empty, as Stanford Alpaca does (``input != ""``; an input of spaces
+    keeps the input prompt)."""
 
     def __init__(self):
         super().__init__(ALPACA_WITH_INPUT, optional=("input",))
@@ -121,16 +122,39 @@ class AlpacaInstructTemplate(InstructTemplate):
         extra = row.get("input") or ""
         if not isinstance(extra, str):
             raise RowError("input", f"expected text, got {type(extra).__name__}")
-        if extra.strip():
+        if extra != "":
             return ALPACA_WITH_INPUT.format(instruction=instruction, input=extra)
         return ALPACA_NO_INPUT.format(instruction=instruction)
 
 
 class GrammarErrorCorrectionTemplate(InstructTemplate):
-    """Grammar correction (e.g. C4-200M ``input`` -> ``output``): reads ``input``."""
+    """Grammar correction (e.g. C4-200M ``input`` -> ``output``): reads ``input``; torchtune's
+    prompt ``Correct this to standard English: {input}\\n---\\nCorrected: ``."""
 
     def __init__(self):
-        super().__init__("Correct the grammar of this text: {input}\nCorrected: ")
+        super().__init__("Correct this to standard English: {input}\n---\nCorrected: ")
+
+
+class ChatMLTemplate(InstructTemplate):
+    """A ChatML prompt as text, for models trained on ChatML without a chat format (plain layout):
+    ``[<|im_start|>system\\n{system}<|im_end|>\\n]<|im_start|>user\\n{input}<|im_end|>\\n<|im_start|>assistant\\n``,
+    the text torchtune's ``ChatMLTemplate`` writes around a user turn and an (empty) assistant turn.
+    The response then follows, and the plain layout's EOS ends it (``<|im_end|>`` for Qwen).
+    Reads ``input``; `system_prompt` adds a system turn.
+    """
+
+    def __init__(self, system_prompt: str | None = None):
+        self.system_prompt = system_prompt
+        system = "" if system_prompt is None else f"<|im_start|>system\n{_literal(system_prompt)}<|im_end|>\n"
+        super().__init__(system + "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n")
+
+    def __repr__(self) -> str:
+        return f"ChatMLTemplate({self.system_prompt!r})"
+
+
+def _literal(text: str) -> str:
+    """`text` with braces escaped, so `str.format` leaves it as is."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 class SummarizeTemplate(InstructTemplate):

@@ -1,15 +1,22 @@
 """`tokenize_messages`: messages -> token ids and a loss mask, for any tokenizer and chat format.
 
 Each `Unit` of the chat format is encoded in ONE tokenizer call, so the ids equal what the format's
-reference implementation produces. Where a unit holds trained and masked text, the boundary token is
-found by encoding the text up to the boundary and taking the common prefix with the whole unit's ids:
-a token that straddles the boundary (rare; BPE merges across it) counts as trained.
+reference implementation produces. Where a unit holds trained and masked text, each token's mask
+comes from the characters it covers: a token is masked when all of them are masked text (so a token
+that straddles a prompt/response boundary, where BPE merges across it, is trained).
+
+Tokenizers with `encode_spans` (``tokenizer.json``: character offsets, batched; Llama 3 files run on
+tiktoken) encode every unit once, and `tokenize_messages_batch` encodes a whole batch of samples in
+one call. Other backends (SentencePiece, tiktoken files) find a boundary by encoding the text up to
+it and taking the common prefix with the unit's ids.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 from engine.data.chat_formats import ChatFormat, Unit, resolve_chat_format
-from engine.data.messages import Message
+from engine.data.messages import Message, RowError
 
 IGNORE_INDEX = -100
 
@@ -32,11 +39,21 @@ def _merge(unit: Unit) -> list[tuple[str, bool]]:
     return merged
 
 
-def encode_unit(tokenizer, unit: Unit) -> tuple[list[int], list[bool]]:
-    """Ids and mask (True = excluded from the loss) of one unit."""
-    parts = _merge(unit)
-    text = "".join(t for t, _ in parts)
-    ids = tokenizer.encode(text, add_bos=False, add_eos=False) if text else []
+def _mask_from_spans(parts: list[tuple[str, bool]], starts: list[int], ends: list[int]) -> list[bool]:
+    """Token i is masked when [starts[i], ends[i]) lies inside one masked part."""
+    mask = [False] * len(starts)
+    pos = 0
+    for text, masked in parts:
+        a, b = pos, pos + len(text)
+        pos = b
+        if masked:
+            lo, hi = bisect_left(starts, a), bisect_right(ends, b)
+            if hi > lo:
+                mask[lo:hi] = [True] * (hi - lo)
+    return mask
+
+
+def _mask_by_prefix(tokenizer, parts: list[tuple[str, bool]], ids: list[int]) -> list[bool]:
     mask = [False] * len(ids)
     start = 0
     prefix = ""
@@ -45,16 +62,83 @@ def encode_unit(tokenizer, unit: Unit) -> tuple[list[int], list[bool]]:
         if k == len(parts) - 1:
             stop = len(ids)
         else:
-            stop = _common_prefix(tokenizer.encode(prefix, add_bos=False, add_eos=False), ids)
-            stop = max(stop, start)
-        for i in range(start, stop):
-            mask[i] = masked
+            stop = max(_common_prefix(tokenizer.encode(prefix, add_bos=False, add_eos=False), ids), start)
+        mask[start:stop] = [masked] * (stop - start)
         start = stop
-    if unit.bos and getattr(tokenizer, "bos_id", None) is not None:
-        ids, mask = [tokenizer.bos_id, *ids], [True, *mask]
+    return mask
+
+
+def _finish(tokenizer, unit: Unit, ids: list[int], mask: list[bool]) -> tuple[list[int], list[bool]]:
+    bos = getattr(tokenizer, "bos_id", None)
+    if unit.bos and bos is not None and not (ids and ids[0] == bos):  # BOS exactly once
+        ids, mask = [bos, *ids], [True, *mask]
     if unit.eos and tokenizer.eos_id is not None:
         ids, mask = [*ids, tokenizer.eos_id], [*mask, unit.eos_masked]
     return ids, mask
+
+
+def encode_units(tokenizer, units: list[Unit]) -> list[tuple[list[int], list[bool]]]:
+    """Ids and mask (True = excluded from the loss) of each unit; one batched call where the
+    tokenizer has `encode_spans`."""
+    merged = [_merge(u) for u in units]
+    texts = ["".join(t for t, _ in parts) for parts in merged]
+    out = []
+    if hasattr(tokenizer, "encode_spans"):
+        todo = [i for i, t in enumerate(texts) if t]
+        spans = dict(zip(todo, tokenizer.encode_spans([texts[i] for i in todo])))
+        for i, (unit, parts) in enumerate(zip(units, merged)):
+            ids, starts, ends = spans.get(i, ([], [], []))
+            out.append(_finish(tokenizer, unit, list(ids), _mask_from_spans(parts, starts, ends)))
+        return out
+    for unit, parts, text in zip(units, merged, texts):
+        ids = tokenizer.encode(text, add_bos=False, add_eos=False) if text else []
+        out.append(_finish(tokenizer, unit, ids, _mask_by_prefix(tokenizer, parts, ids)))
+    return out
+
+
+def encode_unit(tokenizer, unit: Unit) -> tuple[list[int], list[bool]]:
+    """Ids and mask (True = excluded from the loss) of one unit."""
+    return encode_units(tokenizer, [unit])[0]
+
+
+def _truncate(ids: list[int], mask: list[bool], max_seq_len: int | None) -> tuple[list[int], list[bool]]:
+    if max_seq_len is not None and len(ids) > max_seq_len:
+        last, last_mask = ids[-1], mask[-1]
+        ids, mask = ids[:max_seq_len], mask[:max_seq_len]
+        ids[-1], mask[-1] = last, last_mask
+    return ids, mask
+
+
+def tokenize_messages_batch(
+    tokenizer,
+    conversations: list[list[Message]],
+    chat_format: ChatFormat | str | None = None,
+    max_seq_len: int | None = None,
+) -> list[tuple[list[int], list[bool]] | RowError]:
+    """`tokenize_messages` for many conversations, encoded in one batched call: for each, its
+    ``(ids, mask)``, or the `RowError` the format raised for it."""
+    fmt = resolve_chat_format(chat_format)
+    layouts: list[list[Unit] | RowError] = []
+    for messages in conversations:
+        try:
+            layouts.append(fmt.units(messages, tokenizer))
+        except RowError as exc:
+            layouts.append(exc)
+    flat = [u for lay in layouts if not isinstance(lay, RowError) for u in lay]
+    encoded = iter(encode_units(tokenizer, flat))
+    out: list[tuple[list[int], list[bool]] | RowError] = []
+    for lay in layouts:
+        if isinstance(lay, RowError):
+            out.append(lay)
+            continue
+        ids: list[int] = []
+        mask: list[bool] = []
+        for _ in lay:
+            u_ids, u_mask = next(encoded)
+            ids += u_ids
+            mask += u_mask
+        out.append(_truncate(ids, mask, max_seq_len))
+    return out
 
 
 def tokenize_messages(
@@ -75,15 +159,10 @@ def tokenize_messages(
     fmt = resolve_chat_format(chat_format)
     ids: list[int] = []
     mask: list[bool] = []
-    for unit in fmt.units(messages, tokenizer):
-        u_ids, u_mask = encode_unit(tokenizer, unit)
+    for u_ids, u_mask in encode_units(tokenizer, fmt.units(messages, tokenizer)):
         ids += u_ids
         mask += u_mask
-    if max_seq_len is not None and len(ids) > max_seq_len:
-        last, last_mask = ids[-1], mask[-1]
-        ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-        ids[-1], mask[-1] = last, last_mask
-    return ids, mask
+    return _truncate(ids, mask, max_seq_len)
 
 
 def shifted_labels(ids: list[int], mask: list[bool]) -> list[int]:

@@ -2,7 +2,12 @@
 
 BOS/EOS come from `tokenizer_config.json` when present; otherwise from the file's post-processor
 (the token it prepends is BOS). Whether BOS is prepended by default is what the post-processor does
-on its own, unless `tokenizer_config.json` sets `add_bos_token`.
+on its own, unless `tokenizer_config.json` sets `add_bos_token` -- except for the Llama 3 family
+(BOS ``<|begin_of_text|>``): Meta's tokenizer always starts a sequence with it, so a Llama 3
+`tokenizer.json` converted without the BOS post-processor still prepends it.
+
+`encode_spans` (many texts, with each token's character span) runs on tiktoken when the file is
+rank BPE (see `rank_bpe`), else on the library's batch encoder.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from pathlib import Path
 from engine.data.tokenizers.base import Tokenizer
 from engine.data.tokenizers.errors import TokenizerError
 from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
+
+LLAMA3_BOS = "<|begin_of_text|>"
 
 
 class HFTokenizer(Tokenizer):
@@ -48,6 +55,10 @@ class HFTokenizer(Tokenizer):
             adds_bos = bool(prefix) and prefix[0] == self.token_to_id(files.bos_token)
         else:
             adds_bos = bos is not None
+        if (files.bos_token or bos) == LLAMA3_BOS and self.token_to_id(LLAMA3_BOS) is not None:
+            adds_bos = True  # `add_bos_token` in tokenizer_config.json still decides (_setup_specials)
+        self._path = path
+        self._rank_bpe = None  # (tiktoken Encoding, TokenOffsets) or False, built on first encode_spans
         self._setup_specials(files, bos=bos, eos=eos, adds_bos=adds_bos)
 
     def _encode_plain(self, text: str) -> list[int]:
@@ -64,6 +75,42 @@ class HFTokenizer(Tokenizer):
                 ids = [*ids, self.eos_id]
             out.append(ids)
         return out
+
+    def encode_spans(self, texts: list[str]) -> list[tuple[list[int], list[int], list[int]]]:
+        """For each text: ids (no BOS/EOS; special-token strings map to their ids) and each token's
+        start and end character offsets. A token split off inside one character spans that character."""
+        fast = self._fast_encoder()
+        if fast:
+            enc, offsets = fast
+            out = []
+            for text, ids in zip(
+                texts, enc.encode_batch(texts, allowed_special="all", disallowed_special=())
+            ):
+                starts, ends = offsets.spans(text, ids)
+                out.append((ids, starts, ends))
+            return out
+        out = []
+        for e in self._tok.encode_batch(texts, add_special_tokens=False):
+            offs = e.offsets
+            out.append((e.ids, [a for a, _ in offs], [b for _, b in offs]))
+        return out
+
+    def _fast_encoder(self):
+        if self._rank_bpe is None:
+            import hashlib
+            import json
+
+            from engine.data.tokenizers.rank_bpe import TokenOffsets, rank_bpe_encoding
+
+            raw = self._path.read_bytes()
+            data = json.loads(raw)
+            enc = rank_bpe_encoding(data, hashlib.sha256(raw).hexdigest()[:32])
+            self._rank_bpe = False
+            if enc is not None:
+                lengths = {i: len(t) for t, i in data["model"]["vocab"].items()}
+                lengths.update({a["id"]: len(a["content"].encode("utf-8")) for a in data["added_tokens"]})
+                self._rank_bpe = (enc, TokenOffsets(lengths))
+        return self._rank_bpe
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

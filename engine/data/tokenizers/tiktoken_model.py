@@ -100,10 +100,22 @@ class TiktokenTokenizer(Tokenizer):
         self._id_to_special = {i: s for s, i in self._special.items()}
         self._ranks = ranks
         self._id_to_bytes: dict[int, bytes] | None = None
+        self._offsets = None  # TokenOffsets, built on the first encode_spans
         self._setup_specials(files, bos="<|begin_of_text|>", eos="<|end_of_text|>", adds_bos=True)
 
     def _encode_plain(self, text: str) -> list[int]:
         return self._enc.encode(text, allowed_special="all", disallowed_special=())
+
+    def encode_spans(self, texts: list[str]) -> list[tuple[list[int], list[int], list[int]]]:
+        """For each text: ids (no BOS/EOS) and each token's start and end character offsets."""
+        if self._offsets is None:
+            from engine.data.tokenizers.rank_bpe import TokenOffsets
+
+            lengths = {i: len(b) for b, i in self._ranks.items()}
+            lengths.update({i: len(s.encode("utf-8")) for s, i in self._special.items()})
+            self._offsets = TokenOffsets(lengths)
+        batch = self._enc.encode_batch(texts, allowed_special="all", disallowed_special=())
+        return [(ids, *self._offsets.spans(text, ids)) for text, ids in zip(texts, batch)]
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:

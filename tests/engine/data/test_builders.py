@@ -55,8 +55,19 @@ def test_chat_sharegpt_local(tok, data_dir):
         t, source=str(data_dir / "dummy_conversation.json"), split="train[:20]", chat_format="chatml"
     )
     conv = json.loads((data_dir / "dummy_conversation.json").read_text())[0]["conversations"]
-    answers = "".join(turn["value"] + "<|im_end|>" for turn in conv if turn["from"] == "gpt")
-    assert _trained_text(t, ds[0]) == answers
+    # torchtune's layout: a trained turn trains "<|im_start|>assistant\n{content}<|im_end|>\n"; the
+    # newline after the last turn is masked.
+    gpt = [turn["value"] for turn in conv if turn["from"] == "gpt"]
+    answers = "".join(f"<|im_start|>assistant\n{v}<|im_end|>\n" for v in gpt)
+    assert _trained_text(t, ds[0]) == answers.removesuffix("\n")
+    masked = chat_dataset(
+        t,
+        source=str(data_dir / "dummy_conversation.json"),
+        split="train[:20]",
+        chat_format="chatml",
+        mask_headers=True,
+    )
+    assert _trained_text(t, masked[0]) == "".join(v + "<|im_end|>" for v in gpt)
 
 
 def test_chat_openai_tokenizer_template(tok, tmp_path):
@@ -186,7 +197,12 @@ def test_preference_shapes(tok):
     ds = preference_dataset(t, source=rows, chat_format="chatml")
     assert (
         t.decode([x for x in ds[0]["rejected_labels"] if x != -100], skip_special_tokens=False)
-        == "Go away.<|im_end|>"
+        == "<|im_start|>assistant\nGo away.<|im_end|>"
+    )
+    ds = preference_dataset(t, source=rows, chat_format="chatml", mask_headers=True)
+    assert (
+        t.decode([x for x in ds[0]["chosen_labels"] if x != -100], skip_special_tokens=False)
+        == "Hello!<|im_end|>"
     )
 
 

@@ -1,5 +1,8 @@
-"""Golden token/label sequences for each chat format, written from each format's published layout and
-encoded by the reference encoders (the `tokenizers` library, SentencePiece, transformers)."""
+"""Golden token/label sequences for each chat format, written from each format's published layout
+(Meta's llama3 ChatFormat, ChatML, Meta's llama chat_completion, Mistral v1) and encoded by the
+reference encoders (the `tokenizers` library, SentencePiece, transformers). Labels follow torchtune
+0.6.1's layout (a trained turn trains its header) unless `mask_headers`; the comparison with
+torchtune itself is in test_torchtune_parity.py."""
 
 from __future__ import annotations
 
@@ -46,7 +49,9 @@ def _check(got, want):
 
 
 def test_chatml_qwen3(tok, rust):
-    # ChatML: <|im_start|>{role}\n{content}<|im_end|>\n ; train "{content}<|im_end|>" of assistant turns.
+    # ChatML: <|im_start|>{role}\n{content}<|im_end|>\n. torchtune's labels: every token of a turn takes
+    # the turn's mask (an assistant turn trains its header); the newline after the last turn is masked
+    # (torchtune's sample ends at <|im_end|>; tests/engine/data/test_torchtune_parity.py runs torchtune).
     ref = rust("qwen3")
 
     def enc(t):
@@ -60,6 +65,19 @@ def test_chatml_qwen3(tok, rust):
     want = _golden(
         enc,
         [
+            ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n", True),
+            ("<|im_start|>assistant\nIt is 4.<|im_end|>\n", False),
+            ("<|im_start|>user\nAnd 3+3?<|im_end|>\n", True),
+            ("<|im_start|>assistant\nSix.<|im_end|>", False),
+            ("\n", True),
+        ],
+    )
+    assert want[0] == enc(text)  # the pieces tokenize like the whole conversation
+    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat()), want)
+    # mask_headers: only "{content}<|im_end|>" of assistant turns is trained.
+    want_masked = _golden(
+        enc,
+        [
             (
                 "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
                 True,
@@ -70,8 +88,7 @@ def test_chatml_qwen3(tok, rust):
             ("\n", True),
         ],
     )
-    assert want[0] == enc(text)  # the pieces tokenize like the whole conversation
-    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat()), want)
+    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat(mask_headers=True)), want_masked)
     # SmolLM2 uses ChatML too, with its own ids.
     s_ref = rust("smollm2")
     assert (
@@ -80,33 +97,47 @@ def test_chatml_qwen3(tok, rust):
     )
 
 
+def _meta_llama3(encode, messages, mask_headers=False):
+    """Meta's llama3 `ChatFormat.encode_dialog_prompt` without the trailing generation header:
+    <|begin_of_text|>, then per message <|start_header_id|> + encode(role) + <|end_header_id|> +
+    encode("\\n\\n") + encode(content.strip()) + <|eot_id|>, each part encoded on its own. Masks:
+    BOS masked; a message's tokens take its mask (its header too unless `mask_headers`)."""
+    pieces = [([128000], True)]
+    for m in messages:
+        head = [128006, *encode(m.role), 128007, *encode("\n\n")]
+        pieces += [(head, m.masked or mask_headers), ([*encode(m.content.strip()), 128009], m.masked)]
+    return _golden(encode, pieces)
+
+
+CONV_SPACED = [  # contents with surrounding whitespace, which Meta's format strips
+    Message("system", "  Be brief.\n", masked=True),
+    Message("user", "What is 2+2?\n\n", masked=True),
+    Message("assistant", "\nIt is 4. ", masked=False),
+]
+
+
 def test_llama3_format(tok, rust):
-    # Llama 3: <|begin_of_text|> then <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>.
+    # Llama 3, per Meta's reference ChatFormat (meta-llama/llama3, llama/tokenizer.py).
     ref = rust("llama3")
 
     def enc(t):
         return ref.encode(t, add_special_tokens=False).ids
 
-    want = _golden(
-        enc,
-        [
-            (
-                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                True,
-            ),
-            ("It is 4.<|eot_id|>", False),
-            (
-                "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-                True,
-            ),
-            ("Six.<|eot_id|>", False),
-        ],
-    )
-    ids, _ = want
-    assert ids[0] == 128000 and ids.count(128009) == 5  # <|begin_of_text|>, one <|eot_id|> per message
-    _check(tokenize_messages(tok("llama3"), CONV, Llama3ChatFormat()), want)
+    for conv in (CONV, CONV_SPACED):
+        want = _meta_llama3(enc, conv)
+        ids, _ = want
+        assert ids[0] == 128000 and ids.count(128009) == len(conv)  # <|begin_of_text|>, one <|eot_id|> each
+        _check(tokenize_messages(tok("llama3"), conv, Llama3ChatFormat()), want)
+        _check(
+            tokenize_messages(tok("llama3"), conv, Llama3ChatFormat(mask_headers=True)),
+            _meta_llama3(enc, conv, mask_headers=True),
+        )
+    # The assistant header is trained by default: the label after the user's <|eot_id|> is
+    # <|start_header_id|>.
+    ids, mask = tokenize_messages(tok("llama3"), CONV_SPACED, Llama3ChatFormat())
+    labels = shifted_labels(ids, mask)
+    first_eot_of_user = [i for i, t in enumerate(ids) if t == 128009][1]
+    assert labels[first_eot_of_user] == 128006
 
 
 def _sp(shared_assets):
@@ -147,6 +178,13 @@ def test_mistral_format(tok, shared_assets):
     _check(tokenize_messages(tok("mistral7b_v01"), CONV, MistralChatFormat()), (want_ids, want_mask))
 
 
+TRAINED_TEMPLATE_TURNS = {  # default layout: each trained turn from its header to its end marker
+    "qwen3": "<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSix.<|im_end|>",
+    "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\nIt is 4.<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nSix.<|eot_id|>",
+}
+
+
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_tokenizer_own_template_matches_transformers(name, tok, rust, shared_assets):
     from transformers import AutoTokenizer
@@ -155,10 +193,15 @@ def test_tokenizer_own_template_matches_transformers(name, tok, rust, shared_ass
     conv = [{"role": m.role, "content": m.content} for m in CONV]
     want = hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=False)
     want = list(want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want)
+    ref = rust(name)
     ids, mask = tokenize_messages(tok(name), CONV, TokenizerChatTemplate())
     assert ids == want
+    trained = [i for i, m in zip(ids, mask) if not m]
+    # The trained turns' text (the Qwen3 template puts an empty think block before the last answer).
+    assert trained == ref.encode(TRAINED_TEMPLATE_TURNS[name], add_special_tokens=False).ids
+    ids, mask = tokenize_messages(tok(name), CONV, TokenizerChatTemplate(mask_headers=True))
+    assert ids == want
     end = "<|im_end|>" if name == "qwen3" else "<|eot_id|>"
-    ref = rust(name)
     trained = [i for i, m in zip(ids, mask) if not m]
     assert trained == ref.encode(f"It is 4.{end}Six.{end}", add_special_tokens=False).ids
 
@@ -174,10 +217,12 @@ def test_tokenizer_template_train_on_input(tok, rust):
     conv = [Message("user", "What is 2+2?", masked=False), Message("assistant", "It is 4.", masked=False)]
     ids, mask = tokenize_messages(tok("qwen3"), conv, TokenizerChatTemplate())
     trained = [i for i, m in zip(ids, mask) if not m]
-    assert (
-        trained
-        == rust("qwen3").encode("What is 2+2?<|im_end|>It is 4.<|im_end|>", add_special_tokens=False).ids
-    )
+    text = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nIt is 4.<|im_end|>"
+    assert trained == rust("qwen3").encode(text, add_special_tokens=False).ids
+    ids, mask = tokenize_messages(tok("qwen3"), conv, TokenizerChatTemplate(mask_headers=True))
+    trained = [i for i, m in zip(ids, mask) if not m]
+    text = "What is 2+2?<|im_end|>It is 4.<|im_end|>"
+    assert trained == rust("qwen3").encode(text, add_special_tokens=False).ids
 
 
 @pytest.mark.parametrize("fmt", [Llama2ChatFormat(), MistralChatFormat()])

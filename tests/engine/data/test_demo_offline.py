@@ -44,8 +44,12 @@ def test_demo_without_shared_assets(tmp_path):
     assert len(ds) == 200 and ds.skipped == 0
     p = preview_sample(ds, 0, tok)
     trained = "".join(t for t, masked in p.segments if not masked)
-    assert trained == demo_rows(1)[0]["answer"] + "<|im_end|>"
+    # torchtune's layout: the trained assistant turn includes its header.
+    assert trained == "<|im_start|>assistant\n" + demo_rows(1)[0]["answer"] + "<|im_end|>"
     assert extract_answer(trained.removesuffix("<|im_end|>")) is not None
+    masked_headers = demo_dataset(tok, n=2, max_seq_len=256, mask_headers=True)
+    p = preview_sample(masked_headers, 0, tok)
+    assert "".join(t for t, masked in p.segments if not masked) == demo_rows(1)[0]["answer"] + "<|im_end|>"
     packed = demo_dataset(tok, n=200, packed=True, max_seq_len=256)
     batch = packed_collate([packed[0], packed[1]])
     assert batch["tokens"].shape == (2, 256) and packed.efficiency > 0.8

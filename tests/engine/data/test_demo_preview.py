@@ -83,10 +83,11 @@ def test_preview_sample_and_length_stats(tok):
     ds = instruct_dataset(t, source=rows, template="Q: {input}\nA:")
     p = preview_sample(ds, 3, t)
     assert "".join(s for s, _ in p.segments) == t.decode(ds[3]["tokens"], skip_special_tokens=False)
-    assert p.segments[0] == ("Q: What is 4 plus 4?\nA:", True)
+    # A Llama 3 sample starts with <|begin_of_text|> even though this tokenizer.json adds none.
+    assert p.segments[0] == ("<|begin_of_text|>Q: What is 4 plus 4?\nA:", True)
     assert p.segments[1][0].strip() == "8<|end_of_text|>" and p.segments[1][1] is False
     assert p.num_trained == sum(x != -100 for x in ds[3]["labels"]) and p.source == ds.source_names[0]
-    assert p.render().startswith("[Q: What is 4 plus 4?")
+    assert p.render().startswith("[<|begin_of_text|>Q: What is 4 plus 4?")
     lengths = [len(ds[i]["tokens"]) for i in range(len(ds))]
     stats = length_stats(ds)
     assert stats["count"] == 20 and stats["max"] == max(lengths) and stats["total"] == sum(lengths)

@@ -1,7 +1,10 @@
 """Golden token/label sequences for each prompt template with real tokenizers.
 
 The expected prompt strings are written out here from each template's spec (Alpaca: the prompt of
-Stanford Alpaca's train.py); ids come from the `tokenizers` library encoding the whole text."""
+Stanford Alpaca's train.py, which picks the no-input prompt only for ``input == ""``; the task
+templates: torchtune 0.6.1's prompts, checked against torchtune itself in test_torchtune_parity.py);
+ids come from the `tokenizers` library encoding the whole text. A token is a prompt token (masked)
+when the library's offsets put it wholly inside the prompt text."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 from engine.config import ConfigError
 from engine.data import (
     AlpacaInstructTemplate,
+    ChatMLTemplate,
     DataError,
     GrammarErrorCorrectionTemplate,
     InputOutputToMessages,
@@ -37,10 +41,27 @@ CASES = [
         "Below is an instruction that describes a task. Write a response that appropriately completes the "
         "request.\n\n### Instruction:\nName a colour.\n\n### Response:\n",
     ),
+    (  # an input of spaces is an input (Stanford Alpaca tests input != "")
+        AlpacaInstructTemplate(),
+        {"instruction": "Name a colour.", "input": "  ", "output": "Blue."},
+        "Below is an instruction that describes a task, paired with an input that provides further context. "
+        "Write a response that appropriately completes the request.\n\n### Instruction:\nName a colour.\n\n"
+        "### Input:\n  \n\n### Response:\n",
+    ),
     (
         GrammarErrorCorrectionTemplate(),
         {"input": "She go home.", "output": "She goes home."},
-        "Correct the grammar of this text: She go home.\nCorrected: ",
+        "Correct this to standard English: She go home.\n---\nCorrected: ",
+    ),
+    (
+        ChatMLTemplate(),
+        {"input": "Say hi.", "output": "Hi!"},
+        "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        ChatMLTemplate(system_prompt="Be {brief}."),
+        {"input": "Say hi.", "output": "Hi!"},
+        "<|im_start|>system\nBe {brief}.<|im_end|>\n<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
     ),
     (
         SummarizeTemplate(),
@@ -60,11 +81,10 @@ CASES = [
 ]
 
 
-def _common(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def _prompt_tokens(ref, prompt: str, body: str) -> int:
+    """How many leading tokens of `body` lie wholly inside its first len(prompt) characters."""
+    enc = ref.encode(body, add_special_tokens=False)
+    return sum(end <= len(prompt) for _, end in enc.offsets)
 
 
 @pytest.mark.parametrize("name", ["llama3", "mistral7b_v01", "qwen3"])
@@ -76,10 +96,12 @@ def test_template_tokens_and_labels(case, name, tok, rust):
     msgs = InputOutputToMessages(template)(row)
     ids, mask = tokenize_messages(t, msgs)
     body = ref.encode(prompt + row["output"], add_special_tokens=False).ids
-    # Prompt tokens: the longest run shared with the prompt's own encoding. A prompt ending in a space
-    # ("Corrected: ") merges it into the response's first token (" She"), which is then trained.
-    n_prompt = _common(ref.encode(prompt, add_special_tokens=False).ids, body)
-    bos = [t.bos_id] if t.adds_bos else []  # Mistral prepends <s>; the Llama-3 and Qwen3 files do not
+    # A prompt ending in a space ("Corrected: ") merges it into the response's first token (" She"),
+    # which is then trained.
+    n_prompt = _prompt_tokens(ref, prompt, prompt + row["output"])
+    # Mistral and Llama 3 start with BOS (the llama3 tokenizer.json's post-processor adds none, Meta's
+    # tokenizer always does); Qwen3 has no BOS.
+    bos = {"llama3": [128000], "mistral7b_v01": [1], "qwen3": []}[name]
     assert ids == bos + body + [t.eos_id]
     assert mask == [True] * (len(bos) + n_prompt) + [False] * (len(body) - n_prompt + 1)
 
@@ -106,8 +128,8 @@ def test_stack_exchange_preference_golden(tok, rust):
     prompt = "Question: Why is the sky blue?\n\nAnswer: "
     s = ds[0]
     for side, answer in (("chosen", "Rayleigh scattering."), ("rejected", "Paint.")):
-        want = ref.encode(prompt + answer, add_special_tokens=False).ids + [t.eos_id]
-        n = _common(ref.encode(prompt, add_special_tokens=False).ids, want)
+        want = [128000, *ref.encode(prompt + answer, add_special_tokens=False).ids, t.eos_id]
+        n = 1 + _prompt_tokens(ref, prompt, prompt + answer)  # BOS + prompt tokens
         assert s[f"{side}_tokens"] == want
         assert s[f"{side}_labels"] == [-100] * (n - 1) + want[n:] + [-100]
 
