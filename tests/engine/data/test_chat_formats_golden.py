@@ -97,18 +97,6 @@ def test_chatml_qwen3(tok, rust):
     )
 
 
-def _meta_llama3(encode, messages, mask_headers=False):
-    """Meta's llama3 `ChatFormat.encode_dialog_prompt` without the trailing generation header:
-    <|begin_of_text|>, then per message <|start_header_id|> + encode(role) + <|end_header_id|> +
-    encode("\\n\\n") + encode(content.strip()) + <|eot_id|>, each part encoded on its own. Masks:
-    BOS masked; a message's tokens take its mask (its header too unless `mask_headers`)."""
-    pieces = [([128000], True)]
-    for m in messages:
-        head = [128006, *encode(m.role), 128007, *encode("\n\n")]
-        pieces += [(head, m.masked or mask_headers), ([*encode(m.content.strip()), 128009], m.masked)]
-    return _golden(encode, pieces)
-
-
 CONV_SPACED = [  # contents with surrounding whitespace, which Meta's format strips
     Message("system", "  Be brief.\n", masked=True),
     Message("user", "What is 2+2?\n\n", masked=True),
@@ -116,7 +104,7 @@ CONV_SPACED = [  # contents with surrounding whitespace, which Meta's format str
 ]
 
 
-def test_llama3_format(tok, rust):
+def test_llama3_format(tok, rust, meta_llama3):
     # Llama 3, per Meta's reference ChatFormat (meta-llama/llama3, llama/tokenizer.py).
     ref = rust("llama3")
 
@@ -124,13 +112,13 @@ def test_llama3_format(tok, rust):
         return ref.encode(t, add_special_tokens=False).ids
 
     for conv in (CONV, CONV_SPACED):
-        want = _meta_llama3(enc, conv)
+        want = meta_llama3(enc, conv)
         ids, _ = want
         assert ids[0] == 128000 and ids.count(128009) == len(conv)  # <|begin_of_text|>, one <|eot_id|> each
         _check(tokenize_messages(tok("llama3"), conv, Llama3ChatFormat()), want)
         _check(
             tokenize_messages(tok("llama3"), conv, Llama3ChatFormat(mask_headers=True)),
-            _meta_llama3(enc, conv, mask_headers=True),
+            meta_llama3(enc, conv, mask_headers=True),
         )
     # The assistant header is trained by default: the label after the user's <|eot_id|> is
     # <|start_header_id|>.
