@@ -4,9 +4,13 @@
 
 Datasets: alpaca-cleaned-1k (Alpaca template) and GSM8K train (7,473 rows, question/answer template)
 from ../shared/assets/data. Rows are read once; each timed run tokenizes them again with the cache off.
-Reference row: the transformers fast tokenizer batch-encoding the same prompt+response strings
-(ids only, no loss masks) — the floor cost of the tokenizer itself. Prints a Markdown table
-(medians over `--repeats` runs) and the packing efficiency (share of non-pad tokens).
+Reference: the transformers fast tokenizer batch-encoding the same prompt+response strings (ids only,
+no loss masks), timed in the same process, interleaved with ours. The tokenizer's one-time set-up
+(for a rank-BPE tokenizer.json: building its tiktoken encoder) is timed apart, before the runs.
+Every sample is checked: ids = [BOS] + the HF encoding of the same string + [EOS], and the loss mask
+= the prompt-boundary method (encode the prompt alone, common prefix with the whole) — the number of
+rows where either differs is printed. Prints a Markdown table (medians over `--repeats` runs) and the
+packing efficiency (share of non-pad tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +27,20 @@ sys.path.insert(0, str(REPO))
 ASSETS = REPO.parent / "shared" / "assets"
 
 
+def _cpu_flags() -> str:
+    """The CPU model and its SIMD flags (as the other bench/ scripts print them)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?"
+    )
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    simd = [f for f in flags if f.startswith(("avx", "sse4", "amx", "fma"))]
+    return f"{model}; {len(set(ln for ln in info.splitlines() if ln.startswith('processor')))} cpus; {' '.join(simd)}"
+
+
 def _median_time(fn, repeats: int) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
@@ -32,11 +50,22 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def _prefix_mask(tok, prompt: str, body_ids: list[int], n_bos: int) -> list[bool]:
+    """The loss mask by the prompt-boundary method: the prompt's tokens are the common prefix of the
+    prompt's own encoding and the whole text's (BOS masked, response and EOS trained)."""
+    alone = tok.encode(prompt, add_bos=False, add_eos=False)
+    k = 0
+    while k < min(len(alone), len(body_ids)) and alone[k] == body_ids[k]:
+        k += 1
+    return [True] * (n_bos + k) + [False] * (len(body_ids) - k + 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokenizer", default="llama3", help="folder name under ../shared/assets/tokenizers")
     ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument("--num-proc", type=int, default=1, help="instruct_dataset's worker processes")
     args = ap.parse_args(argv)
     if not ASSETS.is_dir():
         print(
@@ -55,28 +84,47 @@ def main(argv: list[str] | None = None) -> int:
     tok_dir = ASSETS / "tokenizers" / args.tokenizer
     tok = load_tokenizer(tok_dir)
     hf = AutoTokenizer.from_pretrained(str(tok_dir))
+    t0 = time.perf_counter()
+    tok.encode_spans(["warm-up"])
+    setup_s = time.perf_counter() - t0
+    fast = bool(getattr(tok, "_fast_encoder", lambda: False)())
     sets = [
         ("alpaca-cleaned-1k", ASSETS / "data/alpaca_data_cleaned_1000.json", AlpacaInstructTemplate(), {}),
         ("gsm8k-train", ASSETS / "data/gsm8k_train.jsonl", QuestionAnswerTemplate(), {"output": "answer"}),
     ]
     lines = [
-        f"Tokenizer: {args.tokenizer}; pack length {args.max_seq_len}; medians of {args.repeats} runs.",
+        f"Tokenizer: {args.tokenizer} ({'tiktoken encoder' if fast else 'tokenizers library'}, one-time set-up "
+        f"{setup_s:.2f} s); pack length {args.max_seq_len}; num_proc {args.num_proc}; medians of {args.repeats} runs.",
         "",
-        "| dataset | rows | tokens | tokenize (samples/s) | HF batch encode, ids only (samples/s) | ratio | pack (samples/s) | packing efficiency |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | rows | tokens | tokenize (samples/s) | HF batch encode, ids only (samples/s) | ratio | ids = HF | masks = prefix method | pack (samples/s) | packing efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path, template, cmap in sets:
         rows = load_rows(str(path))
-        t_tok, ds = _median_time(
-            lambda rows=rows, template=template, cmap=cmap: instruct_dataset(
-                tok, source=rows, template=template, column_map=cmap or None, cache=False
-            ),
-            args.repeats,
-        )
         out_col = cmap.get("output", "output")
-        texts = [template.format(r) + r[out_col] for r in rows]
-        t_hf, _ = _median_time(
-            lambda texts=texts: hf(texts, add_special_tokens=True)["input_ids"], args.repeats
+        prompts = [template.format(r) for r in rows]
+        texts = [p + r[out_col] for p, r in zip(prompts, rows)]
+        t_tok, t_hf = [], []
+        for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
+            t0 = time.perf_counter()
+            ds = instruct_dataset(
+                tok,
+                source=rows,
+                template=template,
+                column_map=cmap or None,
+                cache=False,
+                num_proc=args.num_proc,
+            )
+            t_tok.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            hf_ids = hf(texts, add_special_tokens=False)["input_ids"]
+            t_hf.append(time.perf_counter() - t0)
+        t_tok, t_hf = statistics.median(t_tok), statistics.median(t_hf)
+        bos = [tok.bos_id] if tok.adds_bos else []
+        ids_bad = sum(ds[i]["tokens"] != bos + hf_ids[i] + [tok.eos_id] for i in range(len(rows)))
+        mask_bad = sum(
+            ds.mask(i) != _prefix_mask(tok, prompt, ids, len(bos))
+            for i, (prompt, ids) in enumerate(zip(prompts, hf_ids))
         )
         t_pack, packed = _median_time(
             lambda ds=ds: PackedDataset(ds, max_seq_len=args.max_seq_len), args.repeats
@@ -84,10 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         n = len(rows)
         lines.append(
             f"| {name} | {n} | {int(ds.lengths.sum())} | {n / t_tok:,.0f} | {n / t_hf:,.0f} | {t_hf / t_tok:.2f}x "
-            f"| {n / t_pack:,.0f} | {packed.efficiency:.3f} |"
+            f"| {n - ids_bad}/{n} | {n - mask_bad}/{n} | {n / t_pack:,.0f} | {packed.efficiency:.3f} |"
         )
     print("\n".join(lines))
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0]}))
+    print(
+        json.dumps({"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0], "cpu": _cpu_flags()})
+    )
     return 0
 
 

@@ -95,6 +95,11 @@ class HFTokenizer(Tokenizer):
             out.append((e.ids, [a for a, _ in offs], [b for _, b in offs]))
         return out
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_rank_bpe"] = None  # a worker process builds its own (the merge-scan verdict is on disk)
+        return state
+
     def _fast_encoder(self):
         if self._rank_bpe is None:
             import hashlib
