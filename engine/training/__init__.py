@@ -31,7 +31,8 @@ from engine.training.optimizer_in_backward import (
     check_optimizer_in_backward_allowed,
     setup_optimizer_in_backward,
 )
-from engine.training.parallelize import TP_PLAN, clip_grad_norm, materialize_model, parallelize
+from engine.training.parallelize import clip_grad_norm, materialize_model, parallelize
+from engine.training.tensor_parallel import TP_PLAN, apply_tensor_parallel, token_losses
 
 __all__ = [
     "TP_PLAN",
@@ -42,6 +43,7 @@ __all__ = [
     "adamw_4bit",
     "adamw_8bit",
     "apply_activation_checkpointing",
+    "apply_tensor_parallel",
     "build_world_mesh",
     "check_low_bit_optimizer_supported",
     "check_optimizer_in_backward_allowed",
@@ -64,4 +66,5 @@ __all__ = [
     "scale_for_step",
     "setup_optimizer_in_backward",
     "shutdown",
+    "token_losses",
 ]

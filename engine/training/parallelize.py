@@ -21,65 +21,18 @@ from torch.distributed.fsdp import (
     register_fsdp_forward_method,
 )
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from engine.config import ConfigError
 from engine.training.activation_checkpointing import _layers, apply_activation_checkpointing
 from engine.training.device_mesh import ParallelDims, fsdp_mesh, mesh_dims
-
-# Block submodule -> TP style. Column-parallel projections split their output features (whole heads /
-# hidden units per rank); row-parallel ones split their input features and all-reduce the output.
-TP_PLAN = {
-    "attn.q_proj": "colwise",
-    "attn.k_proj": "colwise",
-    "attn.v_proj": "colwise",
-    "attn.output_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-}
-
-
-def _apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    tp = tp_mesh.size()
-    for i, block in enumerate(_layers(model)):
-        plan = {}
-        for name, style in TP_PLAN.items():
-            try:
-                sub = block.get_submodule(name)
-            except AttributeError:
-                raise ConfigError(
-                    f"block {i} has no `{name}` (TP expects attn.q_proj/k_proj/v_proj/"
-                    "output_proj and mlp.gate_proj/up_proj/down_proj)",
-                    hint="set tensor_parallel_dim=1",
-                    field="tensor_parallel_dim",
-                ) from None
-            if type(sub) is not nn.Linear:
-                raise ConfigError(
-                    f"block {i} `{name}` is a {type(sub).__name__}; tensor parallelism "
-                    "supports plain nn.Linear projections (not LoRA/NF4)",
-                    hint="set tensor_parallel_dim=1",
-                    field="tensor_parallel_dim",
-                )
-            plan[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
-        attn = block.attn
-        for heads in ("num_heads", "num_kv_heads"):
-            if getattr(attn, heads) % tp:
-                raise ConfigError(
-                    f"{tp} does not divide {heads}={getattr(attn, heads)}",
-                    hint="choose a divisor",
-                    field="tensor_parallel_dim",
-                )
-        parallelize_module(block, tp_mesh, plan)
-        # Each rank now computes its own heads: the attention reshapes use local head counts.
-        attn.num_heads //= tp
-        attn.num_kv_heads //= tp
+from engine.training.tensor_parallel import apply_tensor_parallel
 
 
 def parallelize(
     model: nn.Module,
     *,
     mesh: DeviceMesh | None,
+    sequence_parallel: bool = True,
     activation_checkpointing: bool | int = False,
     compile: bool = False,
     fsdp: bool = True,
@@ -94,6 +47,8 @@ def parallelize(
         model: has `layers: nn.ModuleList` (on `meta` or a real device).
         mesh: from `build_world_mesh` (dims `MESH_DIMS`: dp_replicate, dp_shard, cp, tp); None for
             one process, no FSDP/TP. The degrees are read from it.
+        sequence_parallel: under TP, shard norms and the residual stream on the sequence (see
+            `engine.training.tensor_parallel`; the sequence length must then be a multiple of tp).
         activation_checkpointing: False, True (every block) or k (every k-th block).
         compile: `torch.compile` each block (the loss and the root run eagerly).
         fsdp: shard parameters, gradients and optimizer state with FSDP2 over dp_shard (x cp),
@@ -122,9 +77,9 @@ def parallelize(
     dims = mesh_dims(mesh) if mesh is not None else ParallelDims()
     layers = _layers(model)
 
-    # 1. Tensor parallelism (needs plain nn.Linear projections).
+    # 1. Tensor parallelism (+ sequence and loss parallelism; plain, LoRA and NF4 projections).
     if dims.tp > 1:
-        _apply_tp(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
 
     # 2. Activation checkpointing per block.
     if activation_checkpointing:

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.distributed
-def test_fsdp2_and_tp_on_two_ranks_match_one_process():
+def test_fsdp2_on_two_ranks_matches_one_process():
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

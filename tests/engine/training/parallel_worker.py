@@ -1,0 +1,195 @@
+"""Run under torchrun with 2 gloo ranks (see test_parallel_modes.py): each parallel mode of one mesh
+against one plain process on the same weights and batches.
+
+`python -m tests.engine.training.parallel_worker MODE...`, modes:
+  tp     TP + sequence parallel + loss parallel (untied output, vocab-sharded logits), FSDP2 on top
+  tied   TP + sequence parallel with a tied embedding (replicated, linear cross-entropy)
+  lora   LoRA on every projection and the output under TP (adapters sharded as their base)
+  qlora  QLoRA (NF4 base, kept replicated) under TP
+  dora   DoRA under TP
+  cp     context parallel 2 ranks, ring attention, packed documents
+  hsdp   HSDP 2 x 1 (replicate over 2, shard over 1)
+Per-step losses and final weights must match the plain run (SGD with momentum, linear in the gradients,
+so the comparison tests the parallelism, not Adam's amplification of 1e-8 noise). Prints `OK <mode>
+<json>` per mode on rank 0; any mismatch raises and the rank exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from engine.models.llama3 import SIZES, llama3, lora_llama3
+from engine.modules.loss import LinearCrossEntropyLoss
+from engine.training import (
+    build_world_mesh,
+    clip_grad_norm,
+    init_distributed,
+    materialize_model,
+    parallelize,
+    shutdown,
+    token_losses,
+)
+from engine.training.device_mesh import ParallelDims
+
+VOCAB = 256
+STEPS, LR, MAX_NORM = 3, 0.5, 1.0
+TOL = {"atol": 2e-5, "rtol": 2e-5}
+LORA = dict(
+    lora_attn_modules=("q_proj", "k_proj", "v_proj", "output_proj"), apply_lora_to_mlp=True, lora_rank=4
+)
+
+
+def build(kind: str, seed: int = 0) -> torch.nn.Module:
+    sizes = dict(SIZES["llama3_tiny"])
+    torch.manual_seed(seed)
+    if kind == "tied":
+        return llama3(**sizes, tie_word_embeddings=True)
+    if kind in ("lora", "qlora", "dora"):
+        model = lora_llama3(
+            **sizes,
+            **LORA,
+            apply_lora_to_output=kind == "lora",
+            quantize_base=kind == "qlora",
+            use_dora=kind == "dora",
+        )
+        with torch.no_grad():  # B = 0 at init would leave half the adapter math untested
+            for name, p in model.named_parameters():
+                if name.endswith("lora_b.weight"):
+                    p.normal_(0, 0.05)
+                if name.endswith("magnitude"):
+                    p.mul_(1.1)
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith(("lora_a.weight", "lora_b.weight", "magnitude")))
+        return model
+    return llama3(**sizes)
+
+
+def batches(seq: int = 16, packed: bool = False):
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(STEPS):
+        tokens = torch.randint(0, VOCAB, (2, seq), generator=g)
+        labels = torch.randint(0, VOCAB, (2, seq), generator=g)
+        labels[0, :3] = -100
+        labels[1, 5:9] = -100
+        batch = {"tokens": tokens, "labels": labels}
+        if packed:  # row 0: documents of 5, 7, 4 tokens; row 1: 10, 6
+            doc = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 10 + [1] * 6])
+            pos = torch.cat([torch.arange(n) for n in (5, 7, 4)] + [torch.arange(n) for n in (10, 6)]).view(
+                2, seq
+            )
+            batch.update(document_ids=doc, position_ids=pos)
+        out.append(batch)
+    return out
+
+
+def step_loss(model, batch, *, linear_ce: bool = False) -> torch.Tensor:
+    """Sum of token losses of the batch (plain CE on one rank, vocab-parallel CE on a sharded output)."""
+    kw = {k: batch[k] for k in ("position_ids", "document_ids") if k in batch}
+    if linear_ce:
+        return LinearCrossEntropyLoss(chunk_size=8, reduction="sum")(
+            model.forward_hidden(batch["tokens"], **kw), model.output_weight, batch["labels"]
+        )
+    return token_losses(model(batch["tokens"], **kw), batch["labels"]).sum()
+
+
+def train(model, data, *, linear_ce=False, world_tokens=None, grad_scale=1.0):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+    losses, norms = [], []
+    for batch in data:
+        total = world_tokens(batch) if world_tokens else (batch["labels"] != -100).sum().item()
+        loss = step_loss(model, batch, linear_ce=linear_ce)
+        (loss * grad_scale / total).backward()
+        summed = loss.detach().clone()
+        if world_tokens:
+            dist.all_reduce(summed)
+            summed /= dist.get_world_size() // _dp_like(model)
+        norms.append(clip_grad_norm(params, MAX_NORM).item())
+        opt.step()
+        opt.zero_grad()
+        losses.append(summed.item() / total)
+    return losses, norms
+
+
+def _dp_like(model) -> int:
+    return getattr(model, "_ranks_with_distinct_tokens", 1)
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
+        for k, v in model.state_dict().items()
+    }
+
+
+def compare(mode, ref, got, losses, ref_losses, norms, ref_norms):
+    for key, value in ref.items():
+        g = got[key]
+        if hasattr(value, "get_original_weight"):  # NF4 bases: frozen, compare dequantised
+            value, g = value.get_original_weight(), g.get_original_weight()
+        torch.testing.assert_close(g, value, **TOL, msg=lambda m, k=key: f"{mode} {k}: {m}")
+    torch.testing.assert_close(
+        torch.tensor(losses), torch.tensor(ref_losses), **TOL, msg=lambda m: f"{mode} losses: {m}"
+    )
+    torch.testing.assert_close(
+        torch.tensor(norms), torch.tensor(ref_norms), **TOL, msg=lambda m: f"{mode} norms: {m}"
+    )
+
+
+def run_tp(info, kind: str):
+    """tp=2 (+ SP + loss parallel); FSDP2 over the dp_shard=1 dimension on top for the plain models."""
+    linear_ce = kind == "tied"
+    ref_model = build(kind)
+    ref_losses, ref_norms = train(ref_model, batches(), linear_ce=linear_ce)
+    mesh = build_world_mesh(info, ParallelDims(dp_shard=1, tp=2))
+    fsdp = kind != "qlora"  # NF4 under FSDP2 is not part of this test
+    if fsdp:
+        with torch.device("meta"):
+            model = build(kind)
+        parallelize(model, mesh=mesh, fsdp=True, activation_checkpointing=kind == "lora")
+        materialize_model(model, device="cpu", state_dict=build(kind).state_dict())
+    else:
+        model = build(kind)
+        parallelize(model, mesh=mesh, fsdp=False)
+    seen = []  # sequence parallel: the residual stream between blocks is [B, S/tp, D] on each rank
+    hook = model.layers[0].register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
+    losses, norms = train(model, batches(), linear_ce=linear_ce)
+    hook.remove()
+    assert seen[0] == (2, 8, 64), seen
+    compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    if kind == "tp":  # loss parallel: the logits stay sharded on the vocabulary
+        with torch.no_grad():
+            logits = model(batches()[0]["tokens"])
+        assert logits.placements[-1].is_shard(dim=2) and logits.to_local().shape[-1] == VOCAB // 2, (
+            logits.placements
+        )
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
+MODES = {"tp": run_tp, "tied": run_tp, "lora": run_tp, "qlora": run_tp, "dora": run_tp}
+
+
+def main(modes: list[str]) -> None:
+    info = init_distributed()
+    assert info.world_size == 2, info
+    torch.set_num_threads(1)
+    for mode in modes:
+        result = MODES[mode](info, mode)
+        if info.rank == 0:
+            print(f"OK {mode} {json.dumps(result)}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        shutdown(1)
+    shutdown(0)
