@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.modules.attention_masks import AttentionSpec
 from engine.modules.kv_cache import KVCache
 from engine.modules.rotary import apply_rotary
 
@@ -20,8 +21,9 @@ class GroupedQueryAttention(nn.Module):
         q_norm, k_norm (nn.Module | None): per-head RMSNorm on queries/keys before RoPE (Qwen3).
         attn_dropout (float): dropout on attention probabilities in training; default 0.
 
-    `forward(x [B,S,D], *, rope=(cos, sin) each [B,S,hd], mask [B,S,S_kv] bool | None,
-    input_pos [S] long | None) -> [B,S,D]`. With `mask=None` and no cache the fused causal
+    `forward(x [B,S,D], *, rope=(cos, sin) each [B,S,hd], mask [B,S,S_kv] bool | AttentionSpec | None,
+    input_pos [S] long | None) -> [B,S,D]`. An `AttentionSpec` mask (FlexAttention, context-parallel
+    ring) computes the attention itself. With `mask=None` and no cache the fused causal
     kernel (`is_causal=True`) is used. With a KV cache (`setup_cache`), `input_pos` gives the
     cache slots of the S new tokens and `mask` must cover the whole cache (`S_kv = max_seq_len`).
     Raises ValueError when heads do not divide.
@@ -89,6 +91,10 @@ class GroupedQueryAttention(nn.Module):
                 raise ValueError("a model with KV caches needs input_pos (the cache slots of the new tokens)")
             k, v = self.kv_cache.update(input_pos, k, v)  # [B,H_kv,L,hd]
 
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if isinstance(mask, AttentionSpec):  # FlexAttention block mask, context-parallel ring
+            out = mask.attend(q, k, v, dropout_p=dropout_p)  # [B,H,S,hd]
+            return self.output_proj(out.transpose(1, 2).reshape(b, s, -1))
         is_causal = mask is None and self.kv_cache is None
         attn_mask = None if mask is None else mask[:, None, :, :]  # [B,1,S,S_kv]
         out = F.scaled_dot_product_attention(
@@ -96,7 +102,7 @@ class GroupedQueryAttention(nn.Module):
             k,
             v,
             attn_mask=attn_mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
+            dropout_p=dropout_p,
             is_causal=is_causal,
             enable_gqa=q.shape[1] != k.shape[1],
         )  # [B,H,S,hd]

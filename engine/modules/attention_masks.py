@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
+
+
+class AttentionSpec(ABC):
+    """A mask that computes attention itself, passed as `mask` to the attention modules.
+
+    FlexAttention block masks (`engine.modules.flex_attention`) and context-parallel rings
+    (`engine.training.context_parallel`) are built once per forward by the decoder and used by every
+    layer. `attend(q [B,H,S,hd], k, v [B,H_kv,S_kv,hd], *, dropout_p) -> [B,H,S,hd]`.
+    """
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float) -> torch.Tensor:
+        """Attention of `q` over `k`/`v` under this mask (GQA: H a multiple of H_kv)."""
 
 
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -8,12 +8,20 @@ from torch import nn
 
 from engine.modules.attention import GroupedQueryAttention
 from engine.modules.attention_masks import (
+    AttentionSpec,
     block_causal_mask,
     cache_causal_mask,
     causal_mask,
     sliding_window_mask,
 )
+from engine.modules.flex_attention import FlexDocumentMask, flex_attention_available
 from engine.modules.rotary import RotaryEmbedding
+
+
+def _use_flex(backend: str, device: torch.device) -> bool:
+    if backend == "flex":
+        return flex_attention_available()
+    return backend == "auto" and device.type == "cuda" and flex_attention_available()
 
 
 class TransformerBlock(nn.Module):
@@ -60,8 +68,10 @@ class TransformerDecoder(nn.Module):
     `forward(tokens [B,S] long, *, position_ids [B,S] | None, document_ids [B,S] | None,
     mask [B,S,S_kv] bool | None, input_pos [S] | None) -> logits [B,S,V]` (in the weights' dtype).
     Position ids default to `0..S-1` (or `input_pos` when caching); with packing the caller passes
-    ids that restart per document. `document_ids` makes attention block-causal. An explicit
-    `mask` wins over `document_ids`. With KV caches (`setup_caches`), `input_pos` is required.
+    ids that restart per document. `document_ids` makes attention block-causal (a FlexAttention
+    block mask on CUDA, a dense `[B,S,S]` mask on CPU: `attention_backend` "auto" | "flex" | "sdpa").
+    An explicit `mask` wins over `document_ids`. Under context parallelism (`context_parallel`, set
+    by `parallelize`) the tokens are this rank's slice and `position_ids` are required. With KV caches (`setup_caches`), `input_pos` is required.
     """
 
     def __init__(
@@ -84,6 +94,10 @@ class TransformerDecoder(nn.Module):
         self.max_seq_len = max_seq_len
         self.sliding_window = sliding_window
         self._cache_len: int | None = None
+        # Packed batches: "auto" = FlexAttention block mask on CUDA, dense mask on CPU; "sdpa" = dense.
+        self.attention_backend = "auto"
+        # Set by `parallelize` when cp > 1: builds the ring-attention mask of each forward.
+        self.context_parallel = None
 
     # ---- output projection -------------------------------------------------------------
     @property
@@ -132,8 +146,14 @@ class TransformerDecoder(nn.Module):
         document_ids: torch.Tensor | None,
         mask: torch.Tensor | None,
         input_pos: torch.Tensor | None,
-    ) -> torch.Tensor | None:
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor | AttentionSpec | None:
         b, s = tokens.shape
+        if mask is None and self._cache_len is None:
+            if self.context_parallel is not None:  # this rank's sequence slice: ring attention
+                return self.context_parallel.mask(position_ids, document_ids, self.sliding_window)
+            if document_ids is not None and _use_flex(self.attention_backend, tokens.device):
+                return FlexDocumentMask(document_ids, self.sliding_window)
         if mask is None and document_ids is not None:
             mask = block_causal_mask(document_ids)  # [B,S,S]
         if mask is None and self._cache_len is not None:
@@ -162,13 +182,18 @@ class TransformerDecoder(nn.Module):
         b, s = tokens.shape
         if self._cache_len is not None and input_pos is None:
             raise ValueError("KV caches are set up: pass input_pos (cache slots of these tokens)")
+        if position_ids is None and self.context_parallel is not None:
+            raise ValueError(
+                "context parallelism: pass position_ids (the global positions of this rank's slice; "
+                "engine.training.context_parallel.split_batch makes them)"
+            )
         if position_ids is None:
             # [1,S]: one RoPE table row per position, broadcast over the batch
             base = input_pos if input_pos is not None else torch.arange(s, device=tokens.device)
             position_ids = base[None, :]
         h = self.tok_embeddings(tokens)  # [B,S,D]
         rope = self.rope(position_ids, h.dtype)  # cos, sin: [B,S,hd]
-        attn_mask = self._attention_mask(tokens, document_ids, mask, input_pos)
+        attn_mask = self._attention_mask(tokens, document_ids, mask, input_pos, position_ids)
         for layer in self.layers:
             h = layer(h, rope=rope, mask=attn_mask, input_pos=input_pos)
         return self.norm(h)

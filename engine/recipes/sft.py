@@ -9,9 +9,11 @@ component: a plain builder trains every weight, a `lora_*` builder trains adapte
 
 The loss of an optimizer step is the mean over every non-ignored token of the step, whatever the
 split into ranks and micro-batches: each micro-batch contributes its token-loss SUM, and the
-gradients are scaled once by `dp_size / tokens_in_step` before the update (FSDP2 averages over
-the data-parallel ranks; tensor-parallel ranks share a batch). So 2 ranks x batch 2, 1 rank x
-batch 4 and 1 rank x batch 2 x accumulation 2 are the same run.
+gradients are scaled once by `dp x cp / tokens_in_step` before the update (FSDP2 averages over the
+data-parallel and context-parallel ranks). Parallel degrees (`engine.training.device_mesh`): batches
+are split over the dp = dp_replicate x dp_shard ranks, each cp rank takes its load-balanced slice of
+every sequence, tp ranks share a batch. So 2 ranks x batch 2, 1 rank x batch 4, 1 rank x batch 2 x
+accumulation 2, and tp=2 or cp=2 on batch 4 are the same run.
 
 Exit codes: 0 finished or stopped by SIGTERM (a checkpoint is written first), 1 loss became NaN/inf
 (`loss is nan at step N` on stderr; the last good checkpoint stays), 2 bad config (one line).
@@ -69,13 +71,6 @@ def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:
     return []
 
 
-def _no_sequence_split(cfg: dict) -> list[ConfigProblem]:
-    if cfg["context_parallel_dim"] > 1:
-        return [ConfigProblem("context_parallel_dim", "the SFT recipe does not split sequences yet",
-                              "set context_parallel_dim=1")]  # fmt: skip
-    return []
-
-
 _POSITIVE = Field(int, 1, "", minimum=1)
 
 # Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
@@ -130,7 +125,7 @@ CONFIG_SCHEMA = Schema(
             int, -1, "FSDP2 shard degree (-1: the ranks the other degrees leave)", minimum=-1
         ),
         "context_parallel_dim": _POSITIVE.but(
-            doc="context-parallel degree: each sequence split over this many ranks (1: none)"
+            doc="context-parallel degree: each sequence split over this many ranks, ring attention (1: none)"
         ),
         "tensor_parallel_dim": _POSITIVE.but(
             doc="tensor-parallel degree, innermost mesh dimension (1: none)"
@@ -146,7 +141,7 @@ CONFIG_SCHEMA = Schema(
         "shuffle": shared("shuffle"),
         "log_every_n_steps": _POSITIVE.but(doc="print a line every N steps when no tracker run is attached"),
     },
-    checks=(_optimizer_in_backward_problems, _no_sequence_split),
+    checks=(_optimizer_in_backward_problems,),
     nproc_check=check_parallel_degrees,
 )
 
@@ -183,6 +178,9 @@ class SFTRecipe:
         self.dims = parallel_dims(cfg, self.world_size)
         self.tp = self.dims.tp
         self.dp_size, self.dp_rank = self.dims.dp, self.dims.dp_rank(self.rank)
+        self.cp_rank = self.dims.coordinates(self.rank)["cp"]
+        # FSDP2 averages gradients over the dp x cp ranks (cp ranks see different tokens).
+        self.grad_ranks = self.dims.dp * self.dims.cp
         self.device = pick_device(cfg["device"])
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device  # one GPU per local rank
@@ -216,6 +214,9 @@ class SFTRecipe:
         # The model first: the optimizer needs its (sharded) trainable parameters, and the loss
         # needs to know whether it projects hidden states itself (linear CE) or gets logits.
         self.model = self._setup_model()
+        if self.world_size > 1 and self.rank == 0:
+            mode = "; loss parallel (vocab-sharded logits)" if self.loss_parallel else ""
+            self.logger.event(0, "mesh", f"{self.dims.describe()}{mode}")
         # The tokenizer next: datasets tokenize with it and the collate pads with its pad id.
         self.tokenizer = self._setup_tokenizer()
         check_vocab(self.model, self.tokenizer)
@@ -246,6 +247,8 @@ class SFTRecipe:
                 model = instantiate(cfg["model"])
         else:
             model = self._build_initialised_model()
+        # Under TP an untied output is vocab-sharded: loss parallel replaces the configured loss.
+        self.loss_parallel = self.tp > 1 and getattr(model, "output", None) is not None
         adapters = get_adapter_params(model)
         self.is_lora = bool(adapters)
         self.is_moe = bool(moe_layers(model))
@@ -419,6 +422,13 @@ class SFTRecipe:
         kwargs = {"position_ids": batch.get("position_ids"), "document_ids": batch.get("document_ids")}
         labels = batch["labels"]  # [B,S], already shifted
         want_per_token = len(self.source_names) > 1
+        if self.loss_parallel:
+            from engine.training import token_losses
+
+            with self.offload:
+                logits = self.model(batch["tokens"], **kwargs)  # [B,S,V] DTensor sharded on V
+            per_token = token_losses(logits, labels)  # [B,S] fp32, 0 where ignored
+            return per_token.sum(), per_token.detach()
         if self.linear_ce:
             model, loss_fn = self.model, self.loss_fn
 
@@ -435,9 +445,20 @@ class SFTRecipe:
         return per_token.sum(), per_token.detach()
 
     def _to_device(self, batch: dict) -> dict[str, torch.Tensor]:
-        return {
+        """This rank's part of a batch, on its device: the cp rank's sequence slice (context parallel),
+        padded to a multiple of tp (sequence parallel); tp ranks share it."""
+        from engine.training.context_parallel import pad_batch, split_batch
+
+        batch = {
             k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
         }
+        if self.dims.cp > 1:
+            return split_batch(
+                batch, self.dims.cp, self.cp_rank, pad_id=self.tokenizer.pad_id, multiple=self.tp
+            )
+        if self.tp > 1:
+            return pad_batch(batch, self.tp, pad_id=self.tokenizer.pad_id)
+        return batch
 
     def _scale_grads(self, factor: float) -> None:
         for p in self.model.parameters():
@@ -466,6 +487,7 @@ class SFTRecipe:
             for batch in self.loader:
                 if step_in_epoch >= self.steps_per_epoch:
                     break
+                n_tokens = batch["tokens"].numel() / self.dims.cp  # before padding; cp ranks share them
                 batch = self._to_device(batch)
                 labels = batch["labels"]
                 loss_tokens = (labels != -100).sum()
@@ -481,12 +503,12 @@ class SFTRecipe:
                     loss_sum = loss_sum + aux[0] * loss_tokens
                     stats[-1] += aux[1].double() * loss_tokens
                 if self.optimizer_in_bwd:
-                    (loss_sum * (self.dp_size / step_tokens.clamp(min=1).item())).backward()
+                    (loss_sum * (self.grad_ranks / step_tokens.clamp(min=1).item())).backward()
                 else:
                     loss_sum.backward()
                 stats[1] += loss_tokens
                 sources = batch.get("source_ids")
-                stats[2] += (sources >= 0).sum() if sources is not None else batch["tokens"].numel()
+                stats[2] += (sources >= 0).sum() if sources is not None else n_tokens
                 if per_token is not None and sources is not None:
                     for s in range(n_sources):
                         sel = (sources == s) & (labels != -100)
@@ -506,7 +528,7 @@ class SFTRecipe:
                     )
                 grad_norm = None
                 if not self.optimizer_in_bwd:
-                    self._scale_grads(self.dp_size / max(totals[1], 1.0))
+                    self._scale_grads(self.grad_ranks / max(totals[1], 1.0))
                     grad_norm = clip_grad_norm(
                         self.model.parameters(),
                         float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,

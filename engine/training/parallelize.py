@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from engine.config import ConfigError
 from engine.training.activation_checkpointing import _layers, apply_activation_checkpointing
+from engine.training.context_parallel import ContextParallel
 from engine.training.device_mesh import ParallelDims, fsdp_mesh, mesh_dims
 from engine.training.tensor_parallel import apply_tensor_parallel
 
@@ -81,17 +82,23 @@ def parallelize(
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
 
-    # 2. Activation checkpointing per block.
+    # (Expert parallelism for MoE blocks goes here: after TP, before CP.)
+
+    # 2. Context parallelism: each rank attends over its sequence slice through the cp ring.
+    if dims.cp > 1:
+        model.context_parallel = ContextParallel(mesh["cp"].get_group())
+
+    # 3. Activation checkpointing per block.
     if activation_checkpointing:
         every_k = 1 if activation_checkpointing is True else int(activation_checkpointing)
         apply_activation_checkpointing(model, every_k=every_k)
 
-    # 3. Compile per block: repeated identical blocks share one compiled graph.
+    # 4. Compile per block: repeated identical blocks share one compiled graph.
     if compile:
         for block in layers:
             block.compile()
 
-    # 4. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
+    # 5. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
     if fsdp:
         kwargs = {"mesh": fsdp_mesh(mesh)}
         if param_dtype is not None or reduce_dtype is not None:

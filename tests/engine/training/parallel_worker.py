@@ -34,6 +34,7 @@ from engine.training import (
     shutdown,
     token_losses,
 )
+from engine.training.context_parallel import split_batch
 from engine.training.device_mesh import ParallelDims
 
 VOCAB = 256
@@ -98,27 +99,24 @@ def step_loss(model, batch, *, linear_ce: bool = False) -> torch.Tensor:
     return token_losses(model(batch["tokens"], **kw), batch["labels"]).sum()
 
 
-def train(model, data, *, linear_ce=False, world_tokens=None, grad_scale=1.0):
+def train(model, data, *, linear_ce=False, local=None, scale=1.0):
+    """SGD steps; `local(batch)` is this rank's share of a batch whose tokens no other rank sees
+    (its loss sum is all-reduced), `scale` undoes FSDP's gradient average over those ranks."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
     losses, norms = [], []
     for batch in data:
-        total = world_tokens(batch) if world_tokens else (batch["labels"] != -100).sum().item()
-        loss = step_loss(model, batch, linear_ce=linear_ce)
-        (loss * grad_scale / total).backward()
+        total = (batch["labels"] != -100).sum().item()  # the global batch's loss tokens
+        loss = step_loss(model, local(batch) if local else batch, linear_ce=linear_ce)
+        (loss * scale / total).backward()
         summed = loss.detach().clone()
-        if world_tokens:
+        if local:
             dist.all_reduce(summed)
-            summed /= dist.get_world_size() // _dp_like(model)
         norms.append(clip_grad_norm(params, MAX_NORM).item())
         opt.step()
         opt.zero_grad()
         losses.append(summed.item() / total)
     return losses, norms
-
-
-def _dp_like(model) -> int:
-    return getattr(model, "_ranks_with_distinct_tokens", 1)
 
 
 def full_state(model) -> dict[str, torch.Tensor]:
@@ -172,7 +170,53 @@ def run_tp(info, kind: str):
     return {"losses": losses, "ref_losses": ref_losses}
 
 
-MODES = {"tp": run_tp, "tied": run_tp, "lora": run_tp, "qlora": run_tp, "dora": run_tp}
+def run_cp(info, kind: str):
+    """cp=2: each rank its load-balanced half of every sequence, ring attention; FSDP2 over the
+    flattened dp_shard x cp dimension. Steps 0 and 2 are packed (3 and 2 documents per row), step 1 not."""
+    data = batches(seq=16, packed=True)
+    data[1] = {k: data[1][k] for k in ("tokens", "labels")}
+    ref_model = build("tp")
+    ref_losses, ref_norms = train(ref_model, data)
+    mesh = build_world_mesh(info, ParallelDims(dp_shard=1, cp=2))
+    with torch.device("meta"):
+        model = build("tp")
+    parallelize(model, mesh=mesh, fsdp=True, activation_checkpointing=True)
+    materialize_model(model, device="cpu", state_dict=build("tp").state_dict())
+    rank = mesh["cp"].get_local_rank()
+    seen = []
+    hook = model.layers[0].register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
+    losses, norms = train(model, data, local=lambda b: split_batch(b, 2, rank, pad_id=0), scale=2.0)
+    hook.remove()
+    assert seen[0] == (2, 8, 64), seen  # each rank holds half of each sequence
+    compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
+def run_hsdp(info, kind: str):
+    """HSDP 2 x 1: parameters replicated over dp_replicate=2 (sharded over dp_shard=1), one row each."""
+    ref_model = build("tp")
+    ref_losses, ref_norms = train(ref_model, batches())
+    mesh = build_world_mesh(info, ParallelDims(dp_replicate=2, dp_shard=1))
+    with torch.device("meta"):
+        model = build("tp")
+    parallelize(model, mesh=mesh, fsdp=True)
+    assert model.tok_embeddings.weight.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard")
+    materialize_model(model, device="cpu", state_dict=build("tp").state_dict())
+    mine = slice(info.rank, info.rank + 1)
+    losses, norms = train(model, batches(), local=lambda b: {k: v[mine] for k, v in b.items()}, scale=2.0)
+    compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
+MODES = {
+    "tp": run_tp,
+    "tied": run_tp,
+    "lora": run_tp,
+    "qlora": run_tp,
+    "dora": run_tp,
+    "cp": run_cp,
+    "hsdp": run_hsdp,
+}
 
 
 def main(modes: list[str]) -> None:

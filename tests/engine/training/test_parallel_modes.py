@@ -27,8 +27,8 @@ def _torchrun(*modes: str) -> str:
 
 
 @pytest.mark.distributed
-def test_tp_sp_loss_parallel_and_lora_qlora_under_tp_equal_one_rank():
-    _torchrun("tp", "lora", "qlora")
+def test_tp_sp_loss_parallel_lora_qlora_cp_and_hsdp_equal_one_rank():
+    _torchrun("tp", "lora", "qlora", "cp", "hsdp")
 
 
 @pytest.mark.distributed
