@@ -45,9 +45,19 @@ def _hf_module(native_module: str) -> str:
     return hf_weight[: -len(".weight")]
 
 
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # activation checkpointing, compile
+
+
+def _native_name(module_name: str) -> str:
+    """A module name without wrapper segments (the names state dicts use)."""
+    for part in _WRAPPER_PARTS:
+        module_name = module_name.replace(part, "")
+    return module_name
+
+
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     """The model's LoRA/DoRA linears by native module name."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    return {_native_name(name): m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
 def adapter_config(model: nn.Module, *, base_model_dir: str | os.PathLike | None = None) -> dict:
@@ -107,6 +117,7 @@ def _moe_adapter_keys(model: nn.Module) -> dict[str, tuple[str, int | None]]:
     for name, module in model.named_modules():
         if not isinstance(module, MoE):
             continue
+        name = _native_name(name)
         experts = module.experts
         for local in experts.adapter_names():
             proj, side = local.rsplit("_lora_", 1)
@@ -216,7 +227,7 @@ def load_adapters(model: nn.Module, adapter_dir: str | os.PathLike) -> nn.Module
         hf_module = _hf_module(module_name)
         for peft_suffix, native_suffix in _PEFT_TO_NATIVE_SUFFIX.items():
             by_peft[f"{PEFT_PREFIX}{hf_module}.{peft_suffix}"] = f"{module_name}.{native_suffix}"
-    params = dict(model.named_parameters())
+    params = {_native_name(k): v for k, v in model.named_parameters()}
     loaded = load_file(str(weights))
     moe = _moe_adapter_keys(model)
     for key, (native, expert) in moe.items():

@@ -102,6 +102,19 @@ def grouped_mm(
     return _loop_mm(x, w, counts_list)
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `scale` backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
 # ---- modules --------------------------------------------------------------------------------------
 class GroupedExperts(nn.Module):
     """`num_experts` SwiGLU experts held stacked: `gate_proj`, `up_proj` `[E,H,D]`, `down_proj` `[E,D,H]`.
@@ -125,6 +138,7 @@ class GroupedExperts(nn.Module):
         self.lora_rank = lora_rank
         self.scale = lora_alpha / lora_rank if lora_rank else 0.0
         self.disabled = False
+        self.grad_scale = 1.0
         shapes = {
             "gate_proj": (hidden_dim, dim),
             "up_proj": (hidden_dim, dim),
@@ -181,12 +195,20 @@ class GroupedExperts(nn.Module):
             a, b = getattr(self, f"{name}_lora_a")[expert], getattr(self, f"{name}_lora_b")[expert]
             return base + (self.scale * (b @ a)).to(base.dtype)
 
+    def _weight(self, name: str) -> torch.Tensor:
+        """Parameter `name` as a plain tensor: the local experts of an expert-parallel DTensor, with
+        its gradient scaled by `grad_scale` (see `engine.training.expert_parallel`)."""
+        w = getattr(self, name)
+        if hasattr(w, "to_local"):
+            w = w.to_local()
+        return _ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w
+
     def _project(
         self, name: str, x: torch.Tensor, counts: torch.Tensor, counts_list: list[int]
     ) -> torch.Tensor:
-        out = grouped_mm(x, getattr(self, name), counts, counts_list)
+        out = grouped_mm(x, self._weight(name), counts, counts_list)
         if self.lora_rank and not self.disabled:
-            a, b = getattr(self, f"{name}_lora_a"), getattr(self, f"{name}_lora_b")
+            a, b = self._weight(f"{name}_lora_a"), self._weight(f"{name}_lora_b")
             low = grouped_mm(x, a.to(x.dtype), counts, counts_list)  # [N,r]
             out = out + grouped_mm(low, b.to(x.dtype), counts, counts_list) * self.scale
         return out

@@ -71,6 +71,14 @@ def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:
     return []
 
 
+def _parallel_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
+    """The mesh degrees fit `nproc`, then `expert_parallel_dim` (divides the shard ranks and the
+    model's experts; not on a dense model): checked by the launcher before any process starts."""
+    from engine.training.expert_parallel import expert_parallel_problems
+
+    return check_parallel_degrees(cfg, nproc) or expert_parallel_problems(cfg, nproc)
+
+
 _POSITIVE = Field(int, 1, "", minimum=1)
 
 # Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
@@ -130,6 +138,9 @@ CONFIG_SCHEMA = Schema(
         "tensor_parallel_dim": _POSITIVE.but(
             doc="tensor-parallel degree, innermost mesh dimension (1: none)"
         ),
+        "expert_parallel_dim": _POSITIVE.but(
+            doc="MoE: experts sharded over this many data-parallel shard ranks (1: none; divides the experts)"
+        ),
         **shared_fields("save_every_n_steps", "keep_last_n_checkpoints"),
         "save_merged_model": Field(
             bool, False, "LoRA: also write the merged full model (transformers loads it) at the end"
@@ -142,7 +153,7 @@ CONFIG_SCHEMA = Schema(
         "log_every_n_steps": _POSITIVE.but(doc="print a line every N steps when no tracker run is attached"),
     },
     checks=(_optimizer_in_backward_problems,),
-    nproc_check=check_parallel_degrees,
+    nproc_check=_parallel_problems,
 )
 
 
@@ -176,6 +187,9 @@ class SFTRecipe:
         # One mesh (dp_replicate, dp_shard, cp, tp): batches are split over the dp = dp_replicate x
         # dp_shard data-parallel groups; cp and tp ranks of a group share its batch.
         self.dims = parallel_dims(cfg, self.world_size)
+        from engine.training.expert_parallel import check_expert_parallel
+
+        self.ep = check_expert_parallel(cfg, self.world_size)
         self.tp = self.dims.tp
         self.dp_size, self.dp_rank = self.dims.dp, self.dims.dp_rank(self.rank)
         self.cp_rank = self.dims.coordinates(self.rank)["cp"]
@@ -238,6 +252,7 @@ class SFTRecipe:
         from engine.modules.moe import moe_layers
         from engine.modules.peft.utils import get_adapter_params, set_trainable_params
         from engine.training import materialize_model, parallelize
+        from engine.training.expert_parallel import expert_mesh as build_expert_mesh
 
         cfg = self.cfg
         ckpt = cfg["checkpoint_dir"]
@@ -271,7 +286,13 @@ class SFTRecipe:
             fsdp=self.world_size > 1,
             reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
             cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
+            expert_mesh=build_expert_mesh(self.world_size, self.ep, self.device.type)
+            if self.ep > 1
+            else None,
         )
+        if self.ep > 1 and self.rank == 0:
+            experts = moe_layers(model)[0].num_experts
+            print(f"expert parallel: {experts} experts over {self.ep} ranks ({experts // self.ep} per rank)")
         if self.world_size > 1:
             full = self._build_initialised_model().state_dict() if self.rank == 0 else {}
             materialize_model(model, device=self.device, state_dict=full, broadcast_from_rank0=True)
@@ -528,6 +549,10 @@ class SFTRecipe:
                     )
                 grad_norm = None
                 if not self.optimizer_in_bwd:
+                    if self.ep > 1:  # several EP groups: sum expert gradients over them
+                        from engine.training.expert_parallel import reduce_expert_grads
+
+                        reduce_expert_grads(self.model)
                     self._scale_grads(self.grad_ranks / max(totals[1], 1.0))
                     grad_norm = clip_grad_norm(
                         self.model.parameters(),

@@ -41,6 +41,7 @@ def parallelize(
     cpu_offload: bool = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
+    expert_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Apply the parallelism and memory options to a decoder, in place; returns the model.
 
@@ -58,6 +59,8 @@ def parallelize(
             less memory, one more all-gather per block.
         cpu_offload: keep sharded parameters/gradients/optimizer state in CPU memory (FSDP2).
         param_dtype, reduce_dtype: FSDP2 mixed precision (e.g. bf16 compute, fp32 gradient reduce).
+        expert_mesh: expert parallelism (MoE), from `engine.training.expert_parallel.expert_mesh`:
+            experts sharded over its "ep" dimension and left out of FSDP2 (applied after TP).
 
     Raises:
         ConfigError: a mesh/option mismatch, TP on an unsupported block.
@@ -82,7 +85,14 @@ def parallelize(
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
 
-    # (Expert parallelism for MoE blocks goes here: after TP, before CP.)
+    # 1b. Expert parallelism: experts sharded over "ep", tokens dispatched with all_to_all; expert
+    # gradients scaled to FSDP2's average over the dp x cp ranks.
+    ignored = None
+    if expert_mesh is not None:
+        from engine.training.expert_parallel import apply_expert_parallel, expert_params
+
+        apply_expert_parallel(model, expert_mesh, dp_size=dims.dp * dims.cp)
+        ignored = expert_params(model)
 
     # 2. Context parallelism: each rank attends over its sequence slice through the cp ring.
     if dims.cp > 1:
@@ -100,7 +110,7 @@ def parallelize(
 
     # 5. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
     if fsdp:
-        kwargs = {"mesh": fsdp_mesh(mesh)}
+        kwargs = {"mesh": fsdp_mesh(mesh), "ignored_params": ignored}
         if param_dtype is not None or reduce_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         if cpu_offload:

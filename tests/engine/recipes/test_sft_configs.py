@@ -17,7 +17,10 @@ def test_every_family_and_method_has_a_config():
     names = {f"{p.parent.name}/{p.stem}" for p in CONFIGS}
     for family in ("llama2", "llama3_1", "llama3_2", "qwen2_5", "qwen3", "mistral", "smollm2"):
         for method in ("full", "lora", "qlora"):
-            assert any(n.startswith(f"{family}/") and n.endswith(f"_{method}") for n in names), (family, method)
+            assert any(n.startswith(f"{family}/") and n.endswith(f"_{method}") for n in names), (
+                family,
+                method,
+            )
     assert "demo/smollm2_135m_lora" in names
 
 
