@@ -136,3 +136,17 @@ def test_tick_labels_use_the_digits_the_step_needs():
     assert tick_labels([2.12, 2.14], 0.02) == ["2.12", "2.14"]
     assert tick_labels([5e-05, 1e-4, 1.5e-4], 5e-05) == ["5.0e-05", "1.0e-04", "1.5e-04"]
     assert tick_labels([-1e-17, 1.0], 1.0) == ["0", "1"]  # rounding noise next to zero is zero
+
+
+def test_the_plot_screens_load_no_plotting_library():
+    """The plots are ours: the Live and Compare screens import neither plotext nor textual-plotext."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, workbench.screens.live, workbench.screens.compare; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'plotext', 'textual_plotext', 'textual_plot'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
