@@ -150,3 +150,27 @@ def test_the_plot_screens_load_no_plotting_library():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_any_finite_curves_at_any_size_give_a_frame_of_that_size():
+    """Random curves (flat, tiny or huge ranges, negative values, one point) at random sizes: no
+    error, every line exactly the width, every span inside its line."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        curves=st.lists(st.lists(values, min_size=0, max_size=40), min_size=0, max_size=4),
+        width=st.integers(1, 120),
+        height=st.integers(1, 30),
+        scale=st.sampled_from([1.0, 1e-9, 1e6]),
+    )
+    def check(curves, width, height, scale):
+        drawn = [_curve(range(len(ys)), [v * scale for v in ys]) for ys in curves]
+        frame = render_plot(drawn, [f"c{k}" for k in range(len(drawn))], width, height)
+        assert len(frame.lines) == height and all(len(line) == width for line in frame.lines)
+        assert all(0 <= s < e <= width for runs in frame.spans for s, e, _ in runs)
+
+    check()
