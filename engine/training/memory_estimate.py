@@ -14,6 +14,13 @@ the CLI can show it instantly. The estimate has four parts, each in bytes per ra
                checkpointed layer's input (every `ac_every_k`-th layer) and recomputes one layer at a
                time; linear cross-entropy never builds the full `[B, S, V]` logits, only one chunk.
 
+Mixtures of experts (`num_experts` > 0; `intermediate_dim` is one expert's hidden size): every layer
+holds `num_experts` SwiGLU experts and a `D x E` router; a token's MLP activations are saved for each
+of its `experts_per_token` experts (plus its routed copy and weighted output), router logits and
+probabilities in fp32. Expert parallelism (`ep`) gives each rank `E / ep` experts, left out of FSDP2
+(as `engine.training.expert_parallel` does); the other weights are FSDP-sharded as usual. LoRA on the
+MLP means adapters on every expert; QLoRA stores the attention in NF4 and the experts at full width.
+
 Packing and compile are speed options: a packed batch has the same `batch x seq_len` tokens, and the
 estimate does not model compiled kernels' savings; both only add a note saying so.
 
@@ -71,6 +78,8 @@ class ModelShape:
     kv_dim: int = 0
     tied_embeddings: bool = True
     q_dim: int = 0
+    num_experts: int = 0  # mixture of experts: experts per layer (0: dense)
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "dim", "vocab_size"):
@@ -89,10 +98,23 @@ class ModelShape:
         return self.vocab_size * self.dim * (1 if self.tied_embeddings else 2)
 
     @property
+    def attention_params_per_layer(self) -> int:
+        d, q, kv = self.dim, self.q_dim, self.kv_dim
+        return d * q + 2 * d * kv + q * d
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """All experts of one MoE layer (0 when dense)."""
+        return self.num_experts * 3 * self.dim * self.intermediate_dim
+
+    @property
     def linear_params_per_layer(self) -> int:
-        """q, k, v, o projections plus the SwiGLU MLP (gate, up, down)."""
-        d, q, kv, f = self.dim, self.q_dim, self.kv_dim, self.intermediate_dim
-        return d * q + 2 * d * kv + q * d + 3 * d * f
+        """q, k, v, o projections plus the SwiGLU MLP (gate, up, down), or the experts and router."""
+        if self.num_experts:
+            return (
+                self.attention_params_per_layer + self.expert_params_per_layer + self.num_experts * self.dim
+            )
+        return self.attention_params_per_layer + 3 * self.dim * self.intermediate_dim
 
     @property
     def norm_params(self) -> int:
@@ -137,10 +159,15 @@ class ModelShape:
             num_layers=int(num_layers),
             dim=int(dim),
             vocab_size=int(vocab),
-            intermediate_dim=int(get("intermediate_dim", "hidden_dim", "intermediate_size", default=0)),
+            # a Qwen3-MoE config.json: `intermediate_size` is its (unused) dense size
+            intermediate_dim=int(
+                get("moe_intermediate_size", "intermediate_dim", "hidden_dim", "intermediate_size", default=0)
+            ),
             kv_dim=int(kv_dim or 0),
             tied_embeddings=bool(get("tied_embeddings", "tie_word_embeddings", default=True)),
             q_dim=q_dim,
+            num_experts=int(get("num_experts", "num_local_experts", default=0) or 0),
+            experts_per_token=int(get("experts_per_token", "num_experts_per_tok", default=0) or 0),
         )
 
 
@@ -167,6 +194,7 @@ class TrainingOptions:
     dp_replicate: int = 1  # HSDP replicas (across nodes): no memory saved
     cp: int = 1  # context-parallel ranks: the sequence split over them
     tp: int = 1  # tensor-parallel ranks (with sequence and loss parallelism)
+    ep: int = 1  # expert-parallel ranks (MoE): each holds E / ep experts, outside FSDP2
     sequences_per_sample: int = 1  # DPO: a chosen and a rejected row per pair, both with activations
     # (label, bytes) of other whole models the run holds frozen (DPO's reference copy of a full
     # fine-tune, the KD teacher): weights only, sharded like the policy; they save no activations
@@ -191,7 +219,7 @@ class TrainingOptions:
                 raise MemoryEstimateError(f"frozen_models: {label!r} has a negative size ({size})")
         for name in (
             "batch_size", "seq_len", "nproc", "lora_rank", "ce_chunk_tokens", "ac_every_k", "sequences_per_sample",
-            "dp_replicate", "cp", "tp",
+            "dp_replicate", "cp", "tp", "ep",
         ):  # fmt: skip
             if int(getattr(self, name)) <= 0:
                 raise MemoryEstimateError(f"{name}: must be a positive integer, got {getattr(self, name)}")
@@ -273,9 +301,16 @@ def lora_params(shape: ModelShape, opts: TrainingOptions) -> int:
             )
         fan_in, fan_out = _LORA_SHAPES[name](shape)
         per_layer += opts.lora_rank * (fan_in + fan_out)
-    if opts.lora_mlp:
-        per_layer += 3 * opts.lora_rank * (shape.dim + shape.intermediate_dim)
+    if opts.lora_mlp:  # MoE: one adapter per expert
+        per_layer += max(1, shape.num_experts) * 3 * opts.lora_rank * (shape.dim + shape.intermediate_dim)
     return shape.num_layers * per_layer
+
+
+def expert_lora_params(shape: ModelShape, opts: TrainingOptions) -> int:
+    """The expert adapters among `lora_params` (sharded by expert parallelism like the experts)."""
+    if not (shape.num_experts and opts.lora_mlp and opts.method != "full"):
+        return 0
+    return shape.num_layers * shape.num_experts * 3 * opts.lora_rank * (shape.dim + shape.intermediate_dim)
 
 
 def activation_elements_per_token_per_layer(shape: ModelShape) -> int:
@@ -285,6 +320,11 @@ def activation_elements_per_token_per_layer(shape: ModelShape) -> int:
     the MLP's gate and up outputs (2 F), the SwiGLU product fed to `down` (F) and the SiLU input (F).
     """
     d, q, kv, f = shape.dim, shape.q_dim, shape.kv_dim, shape.intermediate_dim
+    if shape.num_experts:
+        # per routed (token, expert) pair: its copy of x, the 4 F of the expert, its weighted output;
+        # per token: router logits and fp32 probabilities (counted as 4 values of the width)
+        k = shape.experts_per_token
+        return 2 * d + (q + 2 * kv) + 2 * q + k * (4 * f + 2 * d) + 4 * shape.num_experts
     return 2 * d + (q + 2 * kv) + 2 * q + 4 * f
 
 
@@ -296,13 +336,25 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
 
     # Weights (sharded by FSDP over nproc ranks).
     if opts.method == "qlora":
-        base_linear = shape.num_layers * shape.linear_params_per_layer
+        base_linear = shape.num_layers * (
+            shape.attention_params_per_layer if shape.num_experts else shape.linear_params_per_layer
+        )
         weights = base_linear * NF4_BYTES + (total - base_linear) * width
     else:
         weights = total * width
     trainable = total if opts.method == "full" else lora_params(shape, opts)
     if opts.method != "full":
         weights += trainable * width
+    if opts.ep > 1 and not shape.num_experts:
+        raise MemoryEstimateError("ep: expert parallelism needs a mixture-of-experts model; set it to 1")
+    # Expert parallelism: experts (and their adapters, gradients, states) split over ep ranks, the
+    # rest sharded by FSDP2; computed apart below.
+    experts = float(shape.num_layers * shape.expert_params_per_layer) if opts.ep > 1 else 0.0
+    expert_trainable = (
+        (experts if opts.method == "full" else expert_lora_params(shape, opts)) if experts else 0.0
+    )
+    expert_weights = experts * width + (expert_trainable * width if opts.method != "full" else 0.0)
+    weights -= expert_weights
 
     # Gradients: all trainable ones, or only the largest parameter with optimizer-in-backward.
     if opts.optimizer_in_backward:
@@ -310,13 +362,13 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         gradients = largest * width
         notes.append("optimizer-in-backward: one gradient alive at a time")
     else:
-        gradients = trainable * width
+        gradients = (trainable - expert_trainable) * width
 
     # Optimizer state.
     state = OPTIMIZER_STATE_BYTES[opts.optimizer]
     if state is None:  # torch AdamW: exp_avg and exp_avg_sq at the parameter's own width
         state = 2 * width
-    optimizer = trainable * state
+    optimizer = (trainable - expert_trainable) * state
 
     # Other frozen models: weights only.
     shard = float(opts.fsdp_shards * opts.tp)  # tp slices, each sharded by FSDP2; replicas save nothing
@@ -324,6 +376,14 @@ def estimate_memory(shape: ModelShape, opts: TrainingOptions, *, overhead: bool 
         weights += float(size)
         notes.append(f"{label}: {float(size) / shard / GiB:.2f} GiB of frozen weights")
     weights, gradients, optimizer = weights / shard, gradients / shard, optimizer / shard
+    if experts:
+        weights += expert_weights / opts.ep
+        if not opts.optimizer_in_backward:
+            gradients += expert_trainable * width / opts.ep
+        optimizer += expert_trainable * state / opts.ep
+        notes.append(
+            f"expert parallel: {shape.num_experts // opts.ep} of {shape.num_experts} experts per rank"
+        )
 
     # Activations (per rank; the batch is per data-parallel rank, the sequence split over cp ranks).
     tokens = opts.batch_size * -(-opts.seq_len // opts.cp) * opts.sequences_per_sample

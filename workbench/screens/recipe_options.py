@@ -380,7 +380,7 @@ def _first(cfg: dict, keys: tuple[str, ...], default: Any = None) -> Any:
 # Config keys of the DeviceMesh degrees the estimate reads, and its TrainingOptions field for each
 # (data_parallel_shard_dim is what the world size leaves; the estimate derives it).
 MESH_DEGREES = (("data_parallel_replicate_dim", "dp_replicate"), ("context_parallel_dim", "cp"),
-                ("tensor_parallel_dim", "tp"))  # fmt: skip
+                ("tensor_parallel_dim", "tp"), ("expert_parallel_dim", "ep"))  # fmt: skip
 
 
 def training_options(cfg: dict, nproc: int = 1, recipe: str | None = None) -> dict[str, Any]:
@@ -427,7 +427,7 @@ def training_options(cfg: dict, nproc: int = 1, recipe: str | None = None) -> di
         out["lora_attn_modules"] = tuple(
             m for m in mods if m in ("q_proj", "k_proj", "v_proj", "output_proj", "o_proj")
         )
-        out["lora_mlp"] = bool(model.get("apply_lora_to_mlp"))
+        out["lora_mlp"] = bool(model.get("apply_lora_to_mlp") or model.get("apply_lora_to_experts"))
     return out
 
 
