@@ -40,6 +40,7 @@ from workbench.screens.recipe_options import (
     recipe_problems,
 )
 from workbench.widgets.memory_panel import MemoryPanel
+from workbench.widgets.mesh_form import MeshForm, mesh_line
 from workbench.widgets.yaml_view import YamlView
 
 DEFAULT_CONFIG = "demo/smollm2_135m_lora"  # the embedded demo: opens first when no config is given
@@ -137,6 +138,7 @@ class RecipeScreen(Screen):
         self.yaml_text = ""
         self.clone_module: str | None = None
         self.clone_tags: list[str] = []
+        self.mesh_problems: list[str] = []  # the mesh form's (main thread), read by the workers
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -151,6 +153,7 @@ class RecipeScreen(Screen):
                 with Horizontal(classes="knob"):
                     yield Label("processes")
                     yield Input("1", id="nproc", type="integer", compact=True)
+                yield MeshForm(id="mesh")  # nodes, parallel degrees, rendezvous, shared folder
                 yield Vertical(id="controls")
                 yield Static("", id="absent")
                 yield Static("", id="problems")
@@ -271,6 +274,7 @@ class RecipeScreen(Screen):
         self.overrides.clear()
         self._build_knobs()
         self._build_controls()
+        self.query_one(MeshForm).load(self.base)
         self.recompute()
 
     def _build_knobs(self) -> None:
@@ -409,6 +413,10 @@ class RecipeScreen(Screen):
     def _nproc(self) -> None:
         self.recompute()
 
+    @on(MeshForm.Changed)
+    def _mesh(self, event: MeshForm.Changed) -> None:
+        self._set_overrides("mesh", event.form.overrides(self.base))
+
     @property
     def nproc_text(self) -> str:
         return self.query_one("#nproc", Input).value
@@ -438,21 +446,24 @@ class RecipeScreen(Screen):
         self.query_one("#recipe-info", Label).update(f"recipe {self.recipe} · {method}{parent}")
         self.yaml_text = dump_config(self.cfg, header=self.header_text or None)
         self.query_one(YamlView).set_text(self.yaml_text)
-        self.estimate(self.cfg, self.nproc, self.nproc_text)
+        mesh = self.query_one(MeshForm)
+        self.mesh_problems = mesh.problems()
+        self.estimate(self.cfg, self.nproc, self.nproc_text, mesh.nnodes)
 
     @work(thread=True, exclusive=True, group="recipe-estimate")
-    def estimate(self, cfg: dict, nproc: int, nproc_text: str = "1") -> None:
+    def estimate(self, cfg: dict, nproc: int, nproc_text: str = "1", nnodes: int = 1) -> None:
         from engine.training.memory_estimate import MemoryEstimateError
 
         panel = self.query_one(MemoryPanel)
         # What the recipe would refuse at set-up (optimizer-in-backward with accumulation, ...).
-        problems = list(self.control_errors.values())
+        problems = list(self.control_errors.values()) + self.mesh_problems
         problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         self.app.call_from_thread(self._problems, problems)
+        self.app.call_from_thread(self.query_one(MeshForm).show_mesh, mesh_line(cfg, nproc, nnodes))
         cfg = as_read_by(cfg, self.recipe)  # what the estimate reads, as this recipe reads it
-        try:
+        try:  # per rank of the whole mesh: every node's processes
             est = services.estimate_config(
-                cfg, nproc, overhead=self.device[0].startswith("cuda"), recipe=self.recipe
+                cfg, nproc * nnodes, overhead=self.device[0].startswith("cuda"), recipe=self.recipe
             )
         except UserError as exc:
             self.app.call_from_thread(panel.show_message, str(exc))
@@ -503,7 +514,7 @@ class RecipeScreen(Screen):
         from engine.config import validate
 
         try:
-            problems = list(self.control_errors.values())
+            problems = list(self.control_errors.values()) + self.mesh_problems
             problems += [str(p) for p in validate(cfg, recipe=recipe)]
             problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
         except Exception as exc:  # validate reports problems; anything else is shown, not raised
@@ -540,10 +551,13 @@ class RecipeScreen(Screen):
 
     def action_launch(self) -> None:
         name = self.query_one("#run-name", Input).value.strip() or None
-        self._launch(self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of)
+        placement = self.query_one(MeshForm).launch_options()
+        self._launch(self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of, placement)
 
     @work(thread=True, exclusive=True, group="recipe-launch")
-    def _launch(self, cfg: dict, recipe: str, name: str | None, nproc_text: str, parent: str | None) -> None:
+    def _launch(
+        self, cfg: dict, recipe: str, name: str | None, nproc_text: str, parent: str | None, placement: dict
+    ) -> None:
         problems = self._all_problems(cfg, self.validate_recipe, nproc_text)
         if problems:
             self.post_message(ActionDone("validate", "\n".join(problems), ok=False))
@@ -558,6 +572,7 @@ class RecipeScreen(Screen):
                 parent_id=parent,
                 module=self.module,
                 tags=self.clone_tags if parent else (),
+                **placement,  # nodes, rendezvous and shared folder of a multi-node run
             )
         except Exception as exc:
             self.post_message(ActionDone("launch", str(exc), ok=False))

@@ -92,10 +92,14 @@ def launch_config(
     parent_id: str | None = None,
     module: str | None = None,
     tags: list[str] | tuple[str, ...] = (),
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    output_dir: str | None = None,
 ) -> str:
     """Register a run from YAML text (validated by the launcher) and start it; returns its id.
 
-    With `parent_id` the run is a clone of that run (as `tunebench clone` records it).
+    With `parent_id` the run is a clone of that run (as `tunebench clone` records it). `nnodes` > 1:
+    this machine is node rank 0 of a multi-node run (`workbench.multinode`).
     """
     from workbench import launcher
 
@@ -108,6 +112,9 @@ def launch_config(
         kind="clone" if parent_id else "new",
         module=module,
         tags=tags,
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
+        output_dir=output_dir,
     )
     launcher.launch(run.id)
     return run.id
