@@ -9,6 +9,7 @@ against one plain process on the same weights and batches.
   dora   DoRA under TP
   cp     context parallel 2 ranks, ring attention, packed documents
   hsdp   HSDP 2 x 1 (replicate over 2, shard over 1)
+  tpcp   (4 ranks, alone) tp=2 x cp=2 on packed documents
 Per-step losses and final weights must match the plain run (SGD with momentum, linear in the gradients,
 so the comparison tests the parallelism, not Adam's amplification of 1e-8 noise). Prints `OK <mode>
 <json>` per mode on rank 0; any mismatch raises and the rank exits 1.
@@ -99,9 +100,9 @@ def step_loss(model, batch, *, linear_ce: bool = False) -> torch.Tensor:
     return token_losses(model(batch["tokens"], **kw), batch["labels"]).sum()
 
 
-def train(model, data, *, linear_ce=False, local=None, scale=1.0):
-    """SGD steps; `local(batch)` is this rank's share of a batch whose tokens no other rank sees
-    (its loss sum is all-reduced), `scale` undoes FSDP's gradient average over those ranks."""
+def train(model, data, *, linear_ce=False, local=None, scale=1.0, copies=1):
+    """SGD steps; `local(batch)` is this rank's share of a batch (its loss sum is all-reduced over the
+    world, where `copies` ranks hold each token: tp), `scale` undoes FSDP's gradient average."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
     losses, norms = [], []
@@ -112,6 +113,7 @@ def train(model, data, *, linear_ce=False, local=None, scale=1.0):
         summed = loss.detach().clone()
         if local:
             dist.all_reduce(summed)
+            summed /= copies
         norms.append(clip_grad_norm(params, MAX_NORM).item())
         opt.step()
         opt.zero_grad()
@@ -208,6 +210,27 @@ def run_hsdp(info, kind: str):
     return {"losses": losses, "ref_losses": ref_losses}
 
 
+def run_tp_cp(info, kind: str):
+    """4 ranks, tp=2 x cp=2: each cp rank its half of every (packed) sequence, each tp rank a quarter
+    of that half's residual stream, the output vocab-sharded; FSDP2 over dp_shard x cp."""
+    ref_model = build("tp")
+    ref_losses, ref_norms = train(ref_model, batches(packed=True))
+    mesh = build_world_mesh(info, ParallelDims(dp_shard=1, cp=2, tp=2))
+    with torch.device("meta"):
+        model = build("tp")
+    parallelize(model, mesh=mesh, fsdp=True)
+    materialize_model(model, device="cpu", state_dict=build("tp").state_dict())
+    rank = mesh["cp"].get_local_rank()
+    seen = []
+    hook = model.layers[0].register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
+    local = lambda b: split_batch(b, 2, rank, pad_id=0, multiple=2)  # noqa: E731
+    losses, norms = train(model, batches(packed=True), local=local, scale=2.0, copies=2)
+    hook.remove()
+    assert seen[0] == (2, 4, 64), seen
+    compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
 MODES = {
     "tp": run_tp,
     "tied": run_tp,
@@ -216,12 +239,13 @@ MODES = {
     "dora": run_tp,
     "cp": run_cp,
     "hsdp": run_hsdp,
+    "tpcp": run_tp_cp,
 }
 
 
 def main(modes: list[str]) -> None:
     info = init_distributed()
-    assert info.world_size == 2, info
+    assert info.world_size == (4 if modes == ["tpcp"] else 2), info
     torch.set_num_threads(1)
     for mode in modes:
         result = MODES[mode](info, mode)

@@ -1,5 +1,5 @@
-"""Every parallel mode of the one mesh on 2 gloo ranks (torchrun) equals one plain process: per-step
-losses, gradient norms and final weights within 2e-5 (fp32; see parallel_worker.py)."""
+"""Every parallel mode of the one mesh on 2 gloo ranks (4 for tp x cp; torchrun) equals one plain
+process: per-step losses, gradient norms and final weights within 2e-5 (fp32; see parallel_worker.py)."""
 
 import os
 import socket
@@ -12,12 +12,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _torchrun(*modes: str) -> str:
+def _torchrun(*modes: str, nproc: int = 2) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", port,
            "-m", "tests.engine.training.parallel_worker", *modes]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -35,3 +35,9 @@ def test_tp_sp_loss_parallel_lora_qlora_cp_and_hsdp_equal_one_rank():
 @pytest.mark.slow
 def test_tied_embeddings_and_dora_under_tp_equal_one_rank():
     _torchrun("tied", "dora")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tp_times_cp_on_four_ranks_equals_one_rank():
+    _torchrun("tpcp", nproc=4)
