@@ -9,18 +9,10 @@ import pytest
 from engine.config import parse_yaml
 from workbench.app import make_app
 
-from .test_recipe_controls_screen import FULL_YAML, SIZE, wait_for  # noqa: F401  (the same tiny full config)
+from .test_recipe_controls_screen import SIZE, recipe_env, wait_for  # noqa: F401  (its fixture: the tiny full.yaml)
 
 
-@pytest.fixture
-def recipe_env(tunebench_home, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "24")
-    (tmp_path / "full.yaml").write_text(FULL_YAML)
-    return tmp_path
-
-
-async def test_nodes_and_degrees_reach_the_mesh_the_estimate_and_the_launched_run(recipe_env, monkeypatch):
+async def test_nodes_and_degrees_reach_the_mesh_the_estimate_and_the_launched_run(recipe_env, monkeypatch):  # noqa: F811
     from engine.tracking.db import open_db
     from engine.tracking.readers import list_runs
     from workbench import launcher
