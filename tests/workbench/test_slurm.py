@@ -82,9 +82,10 @@ def _slurm_run(config, tmp_path, *extra):
 
 def test_without_sbatch_the_script_is_printed_and_nothing_registered(config, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(_stand_ins(tmp_path / "bin")))  # no SLURM commands at all
-    assert _slurm_run(config, tmp_path, "--partition", "gpu") == 0
+    assert _slurm_run(config, tmp_path, "--partition", "gpu", "--sbatch-arg=--qos=high") == 0
     out, err = capsys.readouterr()
     assert out.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in out and "#SBATCH --partition=gpu" in out
+    assert "#SBATCH --qos=high\n" in out and "#SBATCH --gpus-per-node=4\n" in out
     assert "sbatch is not on PATH, so nothing was submitted or registered" in err
     assert (tmp_path / "shared" / "sbatch.sh").read_text() == out
     with open_db() as db:

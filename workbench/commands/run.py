@@ -59,7 +59,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         "--sbatch-arg",
         action="append",
         default=[],
-        help="another #SBATCH option, e.g. --qos=high (repeatable)",
+        help="another #SBATCH option, as --sbatch-arg=--qos=high (repeatable)",
     )
 
 
