@@ -1,0 +1,408 @@
+"""Reward-model training (Bradley-Terry on preference pairs): full or LoRA, one process or many (FSDP2).
+
+    python -m engine.recipes.reward_model --config configs/demo/smollm2_135m_reward_model.yaml
+
+The model is a decoder with a scalar `score` head (`engine.models.reward.reward_model`); its reward
+for a sequence is the head's value at the last real token (the token whose shifted label is the last
+ignored one, i.e. the EOS / end of turn), as transformers' `*ForSequenceClassification` reads it.
+Each micro-batch runs chosen and rejected responses in ONE `[2B,S]` forward and applies `loss`
+(`engine.modules.loss.BradleyTerryLoss`: `-log sigmoid(r_c - r_r - margin)`). With LoRA the adapters
+and the (fresh) head are trained; the head is always trained in full.
+
+Logged per step: `loss`, `accuracy` (pairs with r_c > r_r), `margin` (mean r_c - r_r),
+`rewards/chosen`, `rewards/rejected`, `lr`, `grad_norm`, `tokens_per_sec`, memory. With `validation`
+(a held-out `fraction` of the pairs, or its own `dataset`): `val_loss`, `val_accuracy`, `val_margin`
+every `every_n_steps` and at the end, and an eval result `held_out / reward_accuracy`. Checkpoints'
+`model/` is a Hugging Face `*ForSequenceClassification` folder (adapters merged) that PPO's
+`reward_checkpoint_dir` and transformers load. Exit codes as in SFT: 0, 1 NaN loss, 2 bad config.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from engine.checkpoint.recipe_state import save_checkpoint
+from engine.config import ConfigError, instantiate
+from engine.recipes._common import (
+    EpochBatchSampler,
+    LossIsNaN,
+    StopFlag,
+    check_sequence_length,
+    check_vocab,
+    key_rules,
+    load_resume_state,
+    parse_dtype,
+    pick_device,
+    refuse_config_problems,
+    run_recipe_main,
+    set_seed,
+)
+from engine.rl.policy import all_reduce_sum, build_model, rank_world
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
+    "seed": "seed for the fresh head, adapters and data order",
+    "device": "cpu, cuda or auto",
+    "dtype": "fp32 or bf16",
+    "checkpoint_dir": "HF folder to start from: a causal LM (fresh head) or a *ForSequenceClassification; 'demo'; null",
+    "model": "_component_ engine.models.reward.reward_model {decoder: {_component_: <family builder or lora_*>}}",
+    "tokenizer": "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)",
+    "dataset": "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
+    "validation": "held-out pairs: {fraction | dataset, every_n_steps, max_batches}; null for none",
+    "batch_size": "preference pairs per micro-batch on each rank",
+    "gradient_accumulation_steps": "micro-batches per optimizer step",
+    "epochs": "passes over the pairs",
+    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
+    "optimizer": "_component_ optimizer (reward models: ~1e-5 full, ~1e-4 LoRA on real models)",
+    "lr_scheduler": "_component_ schedule (num_training_steps is filled in), or null",
+    "clip_grad_norm": "max global gradient norm (null: none)",
+    "loss": "_component_ engine.modules.loss.BradleyTerryLoss {margin, center_rewards_coeff}",
+    "enable_activation_checkpointing": "recompute blocks in backward (less memory, ~30% slower)",
+    "compile": "torch.compile each block",
+    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs",
+    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
+    "shuffle": "shuffle pairs each epoch (seeded)",
+    "allowed_components": "extra module prefixes allowed in _component_",
+}
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+
+
+def last_token_index(labels: torch.Tensor) -> torch.Tensor:
+    """`[N]` position of each row's last real token from shifted labels `[N,S]`: one past the last
+    position that predicts a response token (the EOS itself has no target)."""
+    positions = torch.arange(labels.shape[1], device=labels.device)
+    last_target = (positions * (labels != -100).long()).argmax(-1)
+    return (last_target + 1).clamp(max=labels.shape[1] - 1)
+
+
+def pair_rewards(model, batch: dict) -> torch.Tensor:
+    """Rewards `[2B]` (chosen rows first) of one collated preference micro-batch."""
+    from engine.modules.score_decoder import sequence_scores
+
+    tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])  # [2B,S]
+    labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])
+    positions = torch.cat([batch["chosen_position_ids"], batch["rejected_position_ids"]])
+    scores = model(tokens, position_ids=positions)  # [2B,S,1]
+    return sequence_scores(scores, last_token_index(labels))[:, 0].float()
+
+
+class RewardModelRecipe:
+    """Bradley-Terry reward-model training: `setup()`, `train()`, `evaluate()`, `save_checkpoint()`,
+    `cleanup()`.
+
+    Args:
+        cfg (dict): resolved config. dist_info: from `engine.training.init_distributed()`, or None.
+    Raises:
+        ConfigError: a config value that cannot work, naming the field.
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.dist_info = dist_info
+        self.rank, self.world_size = rank_world()
+        self.device = pick_device(cfg.get("device"))
+        if dist_info is not None and self.device.type == "cuda":
+            self.device = dist_info.device
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/reward_model")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.save_every = cfg.get("save_every_n_steps")
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.tokens_total = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.history: list[dict[str, float]] = []  # rank 0's step metrics of this process (tests)
+        self.val_history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        from engine.modules.score_decoder import ScoreDecoder
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        cfg = self.cfg
+        self.model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg.get("checkpoint_dir"), trainable=True, dtype=self.dtype, seed=self.seed,
+            device=self.device, dist_info=self.dist_info, compile=bool(cfg.get("compile", False)),
+            fsdp_cfg=cfg.get("fsdp"),
+            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)),
+        )  # fmt: skip
+        if not isinstance(self.model, ScoreDecoder):
+            raise ConfigError(
+                "model: a reward model needs a score head — use {_component_: engine.models.reward.reward_model, "
+                "decoder: {_component_: <family builder>}}",
+                field="model",
+            )
+        for p in self.model.score.parameters():  # LoRA: the fresh head trains in full
+            p.requires_grad_(True)
+        self.tokenizer = self._setup_tokenizer()
+        check_vocab(self.model, self.tokenizer)
+        self._setup_data()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if "optimizer" not in cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-5}", field="optimizer"
+            )
+        self.optimizer = instantiate(cfg["optimizer"], params)
+        self.lr_scheduler = None
+        if cfg.get("lr_scheduler") is not None:
+            self.lr_scheduler = instantiate(
+                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps
+            )
+        self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.BradleyTerryLoss"})
+        state = load_resume_state(
+            cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=self.rank,
+        )  # fmt: skip
+        if state is not None:
+            self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
+            self.batches_in_epoch = int(state["batches_in_epoch"])
+            self.tokens_total = int(state.get("tokens_total", 0))
+        self.stop.install()
+
+    def _setup_tokenizer(self):
+        from engine.recipes._common import resolve_model_dir
+
+        node = self.cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError(
+                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+            )
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            return instantiate(node, path=str(resolve_model_dir("demo")))
+        return instantiate(node)
+
+    def _collate(self):
+        from engine.data.collate import padded_collate_dpo
+
+        return partial(padded_collate_dpo, pad_id=self.tokenizer.pad_id)
+
+    def _setup_data(self) -> None:
+        from engine.data import build_dataset
+        from engine.training.holdout import holdout_split
+
+        dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
+        check_sequence_length(self.model, dataset)
+        if len(dataset) and "chosen_tokens" not in dataset[0]:
+            raise ConfigError(
+                "dataset: a reward model trains on preference pairs (chosen/rejected) — use preference_dataset, "
+                "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
+                field="dataset",
+            )
+        val_cfg = self.cfg.get("validation") or None
+        self.val_loader, self.val_every, self.val_max_batches = None, None, None
+        if val_cfg:
+            self.val_every = int(val_cfg.get("every_n_steps", 50))
+            self.val_max_batches = val_cfg.get("max_batches")
+            if val_cfg.get("dataset") is not None:
+                val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
+                check_sequence_length(self.model, val_set, field="validation.dataset")
+            else:
+                dataset, val_set = holdout_split(dataset, float(val_cfg.get("fraction", 0.1)), self.seed)
+            # every rank scores its own slice of the held-out pairs; sums are all-reduced
+            mine = list(range(self.rank, len(val_set), self.world_size))
+            self.val_loader = DataLoader(
+                torch.utils.data.Subset(val_set, mine), batch_size=self.batch_size, collate_fn=self._collate()
+            )
+        self.sampler = EpochBatchSampler(
+            len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
+            seed=self.seed, shuffle=bool(self.cfg.get("shuffle", True)),
+        )  # fmt: skip
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=self._collate())
+        per_epoch = len(self.sampler) // self.accum
+        if per_epoch < 1:
+            raise ConfigError(
+                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)} "
+                "— lower it or the batch size, or use more pairs",
+                field="gradient_accumulation_steps",
+            )
+        if self.cfg.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        self.steps_per_epoch = per_epoch
+        self.total_steps = per_epoch * self.epochs
+
+    # ------------------------------------------------------------------------------------ training
+    def _batch_stats(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(losses [B], stats [6])`: loss sum, pairs, correct, chosen sum, rejected sum, tokens."""
+        B = batch["chosen_tokens"].shape[0]
+        rewards = pair_rewards(self.model, batch)
+        r_c, r_r = rewards[:B], rewards[B:]
+        losses = self.loss_fn(r_c, r_r)
+        tokens = (batch["chosen_tokens"] != self.tokenizer.pad_id).sum() + (
+            batch["rejected_tokens"] != self.tokenizer.pad_id
+        ).sum()
+        stats = torch.stack([
+            losses.detach().sum(), torch.tensor(float(B), device=losses.device), (r_c > r_r).sum(),
+            r_c.detach().sum(), r_r.detach().sum(), tokens,
+        ]).double()  # fmt: skip
+        return losses, stats
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out `val_loss`, `val_accuracy`, `val_margin` (all ranks; sums all-reduced)."""
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros(6, dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(self.val_loader):
+            if self.val_max_batches is not None and i >= int(self.val_max_batches):
+                break
+            batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+            total += self._batch_stats(batch)[1]
+        all_reduce_sum(total)
+        self.model.train(was_training)
+        t = total.tolist()
+        n = max(t[1], 1.0)
+        out = {"val_loss": t[0] / n, "val_accuracy": t[2] / n, "val_margin": (t[3] - t[4]) / n}
+        if self.rank == 0:
+            self.logger.log(self.global_step, out)
+            self.logger.eval_result(self.global_step, "held_out", "reward_accuracy", out["val_accuracy"])
+        self.val_history.append(out)
+        return out
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        self.model.train()
+        reset_peak_memory(self.device)
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            step_in_epoch = self.batches_in_epoch // self.accum
+            stats = torch.zeros(6, dtype=torch.float64, device=self.device)
+            t0 = time.perf_counter()
+            for batch in self.loader:
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+                losses, batch_stats = self._batch_stats(batch)
+                (losses.sum() / (losses.shape[0] * self.accum)).backward()
+                stats += batch_stats
+                self.batches_in_epoch += 1
+                if self.batches_in_epoch % self.accum:
+                    continue
+                # ---- one optimizer step ---------------------------------------------------------
+                all_reduce_sum(stats)
+                t = stats.tolist()
+                n = max(t[1], 1.0)
+                step_loss = t[0] / n
+                if not math.isfinite(step_loss):
+                    raise LossIsNaN(
+                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
+                    )
+                grad_norm = clip_grad_norm(
+                    self.model.parameters(),
+                    float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
+                )
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.global_step += 1
+                step_in_epoch += 1
+                self.tokens_total += int(t[5])
+                metrics = {
+                    "loss": step_loss,
+                    "accuracy": t[2] / n,
+                    "margin": (t[3] - t[4]) / n,
+                    "rewards/chosen": t[3] / n,
+                    "rewards/rejected": t[4] / n,
+                    "lr": float(lr),
+                    "grad_norm": float(
+                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                    ),
+                    "tokens_per_sec": t[5] / max(time.perf_counter() - t0, 1e-9),
+                    "tokens_total": self.tokens_total,
+                    "epoch": self.epoch,
+                }
+                memory = memory_stats(self.device)
+                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                self.history.append(metrics)
+                log.set_progress(self.global_step, self.total_steps)
+                stats.zero_()
+                if self.val_loader is not None and self.global_step % self.val_every == 0:
+                    self.evaluate()
+                if step_in_epoch >= self.steps_per_epoch:
+                    break
+                stop = self._stop_requested()
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+                t0 = time.perf_counter()
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self._stop_requested():
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        if self.val_loader is not None and (self.global_step % self.val_every or not self.val_history):
+            self.evaluate()  # the final model's held-out accuracy
+        return 0
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
+        return bool(all_reduce_sum(flag).item() > 0)
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoints/step_<N>/`: a HF *ForSequenceClassification folder + optimizer + state."""
+        from engine.models.hf_config import num_labels_of, read_hf_config
+        from engine.rl.export import write_policy
+
+        # The source's layout only when it is itself a reward model (a causal LM's has lm_head, no score).
+        like = (
+            self.model_dir
+            if self.model_dir is not None and num_labels_of(read_hf_config(self.model_dir))
+            else None
+        )
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "tokens_total": self.tokens_total,
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
+            keep_last=self.keep_last,
+            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=False, model_dir=like,
+                                dtype=self.dtype),
+        )  # fmt: skip
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def check_config(cfg: dict, recipe: str = "reward_model") -> None:
+    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
+    refuse_config_problems(cfg, recipe=recipe)
+
+
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
+    run_recipe_main(argv, name="reward_model", recipe_cls=RewardModelRecipe, check_config=check_config)
+
+
+if __name__ == "__main__":
+    recipe_main()
