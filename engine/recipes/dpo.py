@@ -1,4 +1,4 @@
-"""Direct preference optimisation (DPO / IPO / hinge): full or LoRA, one process or many (FSDP2).
+"""Preference optimisation (DPO / IPO / hinge, ORPO, SimPO, KTO): full or LoRA, one process or many (FSDP2).
 
     python -m engine.recipes.dpo --config configs/demo/smollm2_135m_lora_dpo.yaml
     torchrun --nproc_per_node 2 -m engine.recipes.dpo --config configs/qwen2_5/0.5B_lora_dpo.yaml
@@ -7,6 +7,10 @@ Each micro-batch runs chosen and rejected responses through the policy in ONE fo
 rows 0..B-1 chosen), sums their response-token log-probs, does the same under the reference without
 gradients, and applies `loss` (engine.modules.loss.DPOLoss). The reference is a frozen copy of the
 starting model (full fine-tuning) or the policy with its adapters disabled (LoRA: no second copy).
+Reference-free losses (`ORPOLoss`, `SimPOLoss`: `loss_fn.reference_free`) get the summed log-probs and
+response lengths instead, and no reference is built or run. `KTOLoss` treats every pair as two
+unpaired examples (chosen desirable, rejected undesirable) and estimates its KL reference point from
+mismatched prompt/response rows of the same micro-batch (one more policy and reference forward, no grad).
 
 Logged per step: `loss`, `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy`
 (fraction of pairs whose chosen reward exceeds the rejected one), `logps/chosen`, `logps/rejected`,
@@ -27,6 +31,7 @@ from torch.utils.data import DataLoader
 from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Schema
+from engine.modules.loss.kto import KTOLoss
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
@@ -79,7 +84,7 @@ CONFIG_SCHEMA = Schema(
         **shared_fields("lr_scheduler", "clip_grad_norm"),
         "loss": shared(
             "loss",
-            "_component_ engine.modules.loss.DPOLoss {beta, label_smoothing, loss_type: sigmoid|ipo|hinge}",
+            "_component_ DPOLoss {beta, label_smoothing, loss_type}, ORPOLoss, SimPOLoss or KTOLoss (engine.modules.loss)",
         ),
         "enable_activation_checkpointing": shared(
             "enable_activation_checkpointing",
@@ -140,6 +145,9 @@ class DPORecipe:
             cfg["model"], cfg["checkpoint_dir"], trainable=True,
             activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
+        node = cfg.get("loss") or {"_component_": "engine.modules.loss.DPOLoss"}
+        self.loss_fn = instantiate(node)
+        self.reference_free = bool(getattr(self.loss_fn, "reference_free", False))
         self.reference = None
         if not self.is_lora:  # full fine-tuning: a frozen copy of the starting weights
             self.reference, _, _ = build_model(cfg["model"], cfg["checkpoint_dir"], trainable=False, **common)
@@ -229,6 +237,32 @@ class DPORecipe:
         positions = torch.cat([batch["chosen_position_ids"], batch["rejected_position_ids"]])
         return token_logprobs(model, tokens, labels, position_ids=positions).sum(dim=1)
 
+    def _losses(self, batch: dict, logps: torch.Tensor, B: int):
+        """`(losses, chosen_rewards [B], rejected_rewards [B], extra metrics)` for the configured loss."""
+        from engine.modules.loss.kto import mismatched_pairs
+
+        if self.reference_free:
+            lengths = torch.cat([batch["chosen_labels"], batch["rejected_labels"]]).ne(-100).sum(1)
+            losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], lengths[:B], lengths[B:])
+            return losses, r_c, r_r, {}
+        ref_model, ctx = reference_context(self.model, self.reference)
+        with torch.no_grad(), ctx:
+            ref_logps = self._sequence_logps(ref_model, batch)
+        if not isinstance(self.loss_fn, KTOLoss):
+            losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:])
+            return losses, r_c, r_r, {}
+        # KTO: 2B unpaired examples; z0 from row i's prompt with row i+1's response (no grad)
+        tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])
+        labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])
+        kl_tokens, kl_labels = mismatched_pairs(tokens, labels, self.tokenizer.pad_id)
+        with torch.no_grad():
+            kl_policy = token_logprobs(self.model, kl_tokens, kl_labels).sum(1)
+            with ctx:
+                kl_ref = token_logprobs(ref_model, kl_tokens, kl_labels).sum(1)
+        desirable = torch.arange(2 * B, device=logps.device) < B
+        losses, rewards, z0 = self.loss_fn(logps, ref_logps, desirable, kl_policy, kl_ref)
+        return losses, rewards[:B], rewards[B:], {"kl": float(z0)}
+
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
         from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
@@ -243,6 +277,7 @@ class DPORecipe:
             step_in_epoch = self.batches_in_epoch // self.accum
             # [loss sum, pairs, chosen reward sum, rejected reward sum, correct, chosen logps, rejected logps, tokens]
             stats = torch.zeros(8, dtype=torch.float64, device=self.device)
+            kl_sum = 0.0  # KTO's reference point, summed over the step's micro-batches
             t0 = time.perf_counter()
             for batch in self.loader:
                 if step_in_epoch >= self.steps_per_epoch:
@@ -250,13 +285,12 @@ class DPORecipe:
                 batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
                 B = batch["chosen_tokens"].shape[0]
                 logps = self._sequence_logps(self.model, batch)  # [2B]
-                ref_model, ctx = reference_context(self.model, self.reference)
-                with torch.no_grad(), ctx:
-                    ref_logps = self._sequence_logps(ref_model, batch)
-                losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:])
-                (losses.sum() / (B * self.accum)).backward()  # pairs are equal in number per micro-batch
+                losses, r_c, r_r, extra = self._losses(batch, logps, B)
+                # per pair (DPO, ORPO, SimPO: [B]) or per example (KTO: [2B]); equal counts per micro-batch
+                (losses.mean() / self.accum).backward()
+                kl_sum += extra.get("kl", 0.0)
                 stats += torch.stack([
-                    losses.detach().sum(), torch.tensor(float(B)), r_c.sum(), r_r.sum(), (r_c > r_r).sum(),
+                    losses.detach().mean() * B, torch.tensor(float(B)), r_c.sum(), r_r.sum(), (r_c > r_r).sum(),
                     logps[:B].detach().sum(), logps[B:].detach().sum(),
                     (batch["chosen_labels"] != -100).sum() + (batch["rejected_labels"] != -100).sum(),
                 ]).double()  # fmt: skip
@@ -300,6 +334,9 @@ class DPORecipe:
                     "tokens_total": self.tokens_total,
                     "epoch": self.epoch,
                 }
+                if isinstance(self.loss_fn, KTOLoss):
+                    metrics["kl"] = kl_sum / self.accum
+                kl_sum = 0.0
                 # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
                 for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():
                     log.log(self.global_step, {**metrics, **memory} if rank == 0 else memory, rank=rank)

@@ -63,3 +63,30 @@ class KTOLoss(nn.Module):
         )
         lam = torch.where(good, self.desirable_weight, self.undesirable_weight)
         return lam - v, (self.beta * r).detach(), z0
+
+
+def mismatched_pairs(
+    tokens: torch.Tensor, labels: torch.Tensor, pad_id: int, *, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KTO's KL batch: row i's prompt followed by row (i+1) mod N's response.
+
+    `tokens`, `labels` `[N,S]` right-padded, labels shifted (`labels[t]` = token t+1, ignore_index on
+    the prompt and padding). Returns `(tokens [N,S'], labels [N,S'])` in the same layout.
+    """
+    n = tokens.shape[0]
+    has_target = labels != ignore_index  # [N,S]
+    positions = torch.arange(labels.shape[1], device=labels.device)
+    first = (
+        torch.where(has_target, positions, labels.shape[1]).min(1).values
+    )  # predicts the 1st response token
+    last = (positions * has_target.long()).argmax(1)  # predicts the response's last token
+    prompts = [tokens[i, : int(first[i]) + 1] for i in range(n)]
+    responses = [tokens[i, int(first[i]) + 1 : int(last[i]) + 2] for i in range(n)]
+    rows = [(prompts[i], responses[(i + 1) % n]) for i in range(n)]
+    width = max(len(p) + len(r) for p, r in rows)
+    out_tokens = torch.full((n, width), pad_id, dtype=tokens.dtype, device=tokens.device)
+    out_labels = torch.full((n, width), ignore_index, dtype=labels.dtype, device=labels.device)
+    for i, (p, r) in enumerate(rows):
+        out_tokens[i, : len(p) + len(r)] = torch.cat([p, r])
+        out_labels[i, len(p) - 1 : len(p) - 1 + len(r)] = r
+    return out_tokens, out_labels
