@@ -45,7 +45,7 @@ from engine.recipes._common import (
 )
 from engine.recipes._fields import shared, shared_fields
 from engine.rl.policy import build_model, rank_world
-from engine.rl.rollout import Rollout, generate_and_score, score  # noqa: F401 - score re-exported
+from engine.rl.rollout import Rollout, generate_and_score, rollout_batch, score  # noqa: F401 - re-exported
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -176,24 +176,6 @@ CONFIG_SCHEMA = Schema(
     },
     call_site_args=frozenset({"completions", "answers", "prompts"}),
 )
-
-
-def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Right-padded `tokens [R,L]`, shifted `labels [R,L]` (-100 outside completions), `mask [R,L]`.
-
-    Row r is `prompt + completion`; `labels[r, i] = tokens[r, i+1]` exactly where token i+1 is a
-    completion token, so the log-prob at i scores that completion token.
-    """
-    L = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    R = len(prompts)
-    tokens = torch.full((R, L), pad_id, dtype=torch.long)
-    labels = torch.full((R, L), -100, dtype=torch.long)
-    for r, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        row = list(p) + list(c)
-        tokens[r, : len(row)] = torch.tensor(row)
-        if c:
-            labels[r, len(p) - 1 : len(row) - 1] = torch.tensor(list(c))
-    return tokens, labels, labels != -100
 
 
 class GRPORecipe:

@@ -51,10 +51,10 @@ def kl_penalised_rewards(
     m = mask.to(torch.float32)
     kl = (logps.float() - ref_logps.float()) * m
     rewards = -kl_coeff * kl
-    lengths = mask.long().sum(1)  # [B]
-    last = (lengths - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = (positions * mask.long()).argmax(1)  # each row's last response token (mask need not start at 0)
     rows = torch.arange(scores.shape[0], device=scores.device)
-    has_tokens = (lengths > 0).to(torch.float32)
+    has_tokens = mask.any(1).to(torch.float32)
     rewards[rows, last] += scores.float() * has_tokens
     return rewards, kl
 
@@ -62,7 +62,7 @@ def kl_penalised_rewards(
 def gae(
     rewards: torch.Tensor,  # [B,T]
     values: torch.Tensor,  # [B,T]
-    mask: torch.Tensor,  # [B,T] bool; each row's True entries are one prefix
+    mask: torch.Tensor,  # [B,T] bool; each row's True entries are one contiguous run
     *,
     gamma: float = 1.0,
     lam: float = 0.95,

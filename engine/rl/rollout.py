@@ -79,3 +79,21 @@ def generate_and_score(
     prompt_texts = [tokenizer.decode(p) for p in rep_prompts]
     total, per = score(reward_nodes, reward_weights, texts, rep_answers, prompt_texts)
     return Rollout(rep_prompts, completions, texts, prompt_texts, rep_answers, total, per, gen_time, version)
+
+
+def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """Right-padded `tokens [R,L]`, shifted `labels [R,L]` (-100 outside completions), `mask [R,L]`.
+
+    Row r is `prompt + completion`; `labels[r, i] = tokens[r, i+1]` exactly where token i+1 is a
+    completion token, so the log-prob at i scores that completion token.
+    """
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    R = len(prompts)
+    tokens = torch.full((R, L), pad_id, dtype=torch.long)
+    labels = torch.full((R, L), -100, dtype=torch.long)
+    for r, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        row = list(p) + list(c)
+        tokens[r, : len(row)] = torch.tensor(row)
+        if c:
+            labels[r, len(p) - 1 : len(row) - 1] = torch.tensor(list(c))
+    return tokens, labels, labels != -100

@@ -73,3 +73,13 @@ def test_adaptive_kl_controller_follows_ziegler_et_al():
     before = c.value
     assert c.update(5.4, 10) == pytest.approx(before * (1 + (5.4 / 6 - 1) * 10 / 100))
     assert FixedKLController(0.05).update(100.0, 10) == 0.05
+
+
+def test_kl_shaped_rewards_with_a_prompt_before_the_response():
+    # the rollout layout: response positions start after the prompt
+    mask = torch.tensor([[False, True, True, False]])
+    logp = torch.zeros(1, 4)
+    rewards, _ = kl_penalised_rewards(torch.tensor([3.0]), logp, logp, mask, kl_coeff=0.1)
+    assert rewards.tolist() == [[0.0, 0.0, 3.0, 0.0]]
+    adv, ret = gae(rewards, torch.zeros(1, 4), mask, gamma=1.0, lam=1.0)
+    assert ret.tolist() == [[0.0, 3.0, 3.0, 0.0]]

@@ -1,0 +1,537 @@
+"""PPO with a reward model (or verifiable rewards), a value model, and a KL penalty to the reference.
+
+    python -m engine.recipes.ppo --config configs/demo/digit_successor_ppo.yaml
+    python -m engine.recipes.ppo --config configs/demo/smollm2_135m_lora_ppo.yaml
+
+One step: `batch_size` prompts x `num_samples` completions sampled with the policy
+(engine.generation, KV cache) -> sequence scores from the frozen reward model at each sequence's last
+token (`reward_model` + `reward_checkpoint_dir`) or from verifiable reward functions (`rewards`, as
+GRPO's), minus `missing_eos_penalty` for completions cut at `max_new_tokens` -> per-token rewards
+`-kl_coeff * (logp - ref_logp)` with the score on the last token -> values from the value model ->
+GAE (`gamma`, `lam`) -> optional whitening -> `ppo_epochs` passes in minibatches of
+`minibatch_size` completions, one optimizer step each, on `PPOLoss` (clipped policy + clipped value).
+
+Models: the policy (`model`; `lora_*` trains adapters and the reference is the policy with its
+adapters disabled, no copy; a full policy gets a frozen copy), the value model (`value_model`, a
+`engine.models.reward.reward_model` node, from `value_checkpoint_dir`: the reward model's folder, or
+the policy's with a fresh head) and the frozen reward model. The KL coefficient is fixed
+(`kl_target: null`) or adapted towards `kl_target` nats per sequence (Ziegler et al., 2019).
+
+Logged per step: `reward` (mean score), `reward/std`, `rewards/<name>`, `kl` (mean per-sequence
+KL to the reference), `kl_coeff`, `policy_loss`, `value_loss`, `clip_fraction`, `value_clip_fraction`,
+`approx_kl`, `entropy`, `response_length`, `missing_eos`, `loss`, `lr`, `grad_norm`,
+`rollout_tokens_per_sec`, `step_time`; the first `num_samples_to_log` completions go to
+`output_dir/samples.jsonl` and the first one also as a `sample` event. One process. Exit codes as in SFT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from engine.checkpoint.recipe_state import save_checkpoint
+from engine.config import ConfigError, instantiate
+from engine.recipes._common import (
+    EpochBatchSampler,
+    LossIsNaN,
+    StopFlag,
+    check_vocab,
+    key_rules,
+    load_resume_state,
+    parse_dtype,
+    pick_device,
+    refuse_config_problems,
+    run_recipe_main,
+    set_seed,
+)
+from engine.rl.policy import build_model, rank_world
+
+CONFIG_KEYS: dict[str, str] = {
+    "output_dir": "run folder (checkpoints, samples.jsonl)",
+    "seed": "seed for new parameters, prompt order and sampling",
+    "device": "cpu, cuda or auto",
+    "dtype": "fp32 or bf16",
+    "checkpoint_dir": "Hugging Face folder of the starting policy, 'demo', or null (random init)",
+    "model": "_component_ policy builder; lora_* trains adapters (reference = adapters disabled)",
+    "value_model": "_component_ engine.models.reward.reward_model {decoder: ...}: the value model (trained)",
+    "value_checkpoint_dir": "folder the value model starts from (default: reward_checkpoint_dir, else checkpoint_dir with a fresh head)",
+    "reward_model": "_component_ engine.models.reward.reward_model {decoder: ...}: the frozen reward model (or null with rewards)",
+    "reward_checkpoint_dir": "the reward model's *ForSequenceClassification folder (a reward_model run's checkpoint model/)",
+    "rewards": "{name: _component_ reward fn} verifiable rewards instead of (or added to) the reward model (engine.rl.rewards)",
+    "reward_weights": "{name: weight} for the verifiable rewards (default 1 each)",
+    "tokenizer": "_component_ tokenizer ('demo' path for the embedded model's); shared by all models",
+    "dataset": "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...)",
+    "batch_size": "prompts per step",
+    "num_samples": "completions sampled per prompt",
+    "max_new_tokens": "completion length cap",
+    "temperature": "sampling temperature of the rollouts (and of the log-probs of the ratio)",
+    "top_k": "sample from the k most likely tokens (null: all)",
+    "top_p": "nucleus sampling mass (null: off)",
+    "stop_tokens": "extra token ids that end a completion (the tokenizer's stop tokens always do)",
+    "missing_eos_penalty": "subtracted from the score of a completion with no stop token (null: none)",
+    "gamma": "GAE discount",
+    "lam": "GAE lambda",
+    "kl_coeff": "KL penalty coefficient (the starting value when kl_target is set)",
+    "kl_target": "adaptive KL: steer the per-sequence KL to this many nats (null: fixed kl_coeff)",
+    "kl_horizon": "adaptive KL horizon in rollouts (Ziegler et al. use 10000)",
+    "whiten_advantages": "normalise advantages over each batch (mean 0, std 1)",
+    "whiten_rewards": "scale per-token rewards to std 1 over each batch (mean kept)",
+    "ppo_epochs": "optimisation passes over each batch of rollouts",
+    "minibatch_size": "completions per optimizer step (null: all of batch_size * num_samples)",
+    "epochs": "passes over the prompts",
+    "max_steps_per_epoch": "cap on rollout steps per epoch (null: whole epoch)",
+    "optimizer": "_component_ optimizer over the policy's and the value model's trainable parameters",
+    "lr_scheduler": "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
+    "clip_grad_norm": "max global gradient norm (null: none)",
+    "loss": "_component_ engine.modules.loss.PPOLoss {epsilon, value_clip, value_coeff}",
+    "num_samples_to_log": "completions per step written to output_dir/samples.jsonl",
+    "enable_activation_checkpointing": "recompute blocks in backward",
+    "compile": "torch.compile each block",
+    "save_every_n_steps": "checkpoint period in steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "complete checkpoints to keep",
+    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
+    "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
+}
+CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
+CALL_SITE_ARGS = {"completions", "answers", "prompts"}
+
+
+@torch.no_grad()
+def token_entropy(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, *, temperature: float = 1.0,
+                  chunk_size: int = 256) -> torch.Tensor:  # fmt: skip
+    """Mean entropy (nats) of the policy's next-token distribution over the masked positions."""
+    hidden = model.forward_hidden(tokens)  # [R,L,D]
+    weight = model.output_weight
+    total = torch.zeros((), dtype=torch.float64, device=tokens.device)
+    for s in range(0, hidden.shape[1], chunk_size):
+        logits = (hidden[:, s : s + chunk_size] @ weight.t()).float() / temperature  # [R,C,V]
+        logp = torch.log_softmax(logits, dim=-1)
+        ent = -(logp.exp() * logp).sum(-1)  # [R,C]
+        total += (ent * mask[:, s : s + chunk_size]).sum().double()
+    return (total / mask.sum().clamp(min=1)).float()
+
+
+class PPORecipe:
+    """PPO: `setup()`, `train()`, `save_checkpoint()`, `cleanup()`.
+
+    Args:
+        cfg (dict): resolved config. Raises ConfigError for values that cannot work (named).
+    """
+
+    def __init__(self, cfg: dict, *, dist_info=None) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size = rank_world()
+        if self.world_size > 1:
+            raise ConfigError("nproc_per_node: PPO runs on one process — use 1", field="nproc_per_node")
+        self.device = pick_device(cfg.get("device"))
+        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.output_dir = Path(cfg.get("output_dir") or "./runs/ppo")
+        self.seed = int(cfg.get("seed", 0))
+        self.batch_size = int(cfg.get("batch_size", 1))
+        self.num_samples = int(cfg.get("num_samples", 1))
+        self.max_new_tokens = int(cfg.get("max_new_tokens", 128))
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.ppo_epochs = int(cfg.get("ppo_epochs", 1))
+        self.epochs = int(cfg.get("epochs", 1))
+        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
+        self.gamma, self.lam = float(cfg.get("gamma", 1.0)), float(cfg.get("lam", 0.95))
+        for key, value in (("gamma", self.gamma), ("lam", self.lam)):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{key}: must be in [0, 1], got {value}", field=key)
+        rows = self.batch_size * self.num_samples
+        self.minibatch_size = int(cfg.get("minibatch_size") or rows)
+        if self.temperature <= 0:
+            raise ConfigError("temperature: PPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
+        if rows % self.minibatch_size:
+            raise ConfigError(
+                f"minibatch_size: {self.minibatch_size} does not divide batch_size * num_samples = {rows} "
+                f"— use a divisor of {rows}, or null for all {rows} in one step",
+                field="minibatch_size",
+            )
+        self.reward_nodes = dict(cfg.get("rewards") or {})
+        self.reward_weights = dict(cfg.get("reward_weights") or {})
+        if not self.reward_nodes and cfg.get("reward_model") is None:
+            raise ConfigError(
+                "reward_model: PPO needs a reward — set reward_model + reward_checkpoint_dir (a trained reward "
+                "model), or rewards: {name: {_component_: engine.rl.rewards.math_reward}}",
+                field="reward_model",
+            )
+        if cfg.get("reward_model") is not None and not cfg.get("reward_checkpoint_dir"):
+            raise ConfigError(
+                "reward_checkpoint_dir: missing — point it at a trained reward model (a reward_model run's "
+                "checkpoints/step_<N>/model/ or a *ForSequenceClassification folder)",
+                field="reward_checkpoint_dir",
+            )
+        if "value_model" not in cfg:
+            raise ConfigError(
+                "value_model: missing — add {_component_: engine.models.reward.reward_model, decoder: "
+                "{_component_: <the policy's builder>}}",
+                field="value_model",
+            )
+        self.missing_eos_penalty = cfg.get("missing_eos_penalty")
+        self.clip_grad_norm = cfg.get("clip_grad_norm")
+        self.save_every = cfg.get("save_every_n_steps")
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.optimizer_steps = 0
+        self.stop = StopFlag()
+        self.logger = None
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        from engine.modules.score_decoder import ScoreDecoder
+        from engine.rl.ppo import AdaptiveKLController, FixedKLController
+        from engine.tracking import MetricLogger
+
+        set_seed(self.seed)
+        self.logger = MetricLogger.from_env(rank=self.rank)
+        cfg = self.cfg
+        common = {"dtype": self.dtype, "seed": self.seed, "device": self.device,
+                  "compile": bool(cfg.get("compile", False))}  # fmt: skip
+        ac = bool(cfg.get("enable_activation_checkpointing", False))
+        self.model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg.get("checkpoint_dir"), trainable=True, activation_checkpointing=ac, **common
+        )
+        self.reference = None
+        if not self.is_lora:
+            self.reference, _, _ = build_model(
+                cfg["model"], cfg.get("checkpoint_dir"), trainable=False, **common
+            )
+        self.reward_model = None
+        if cfg.get("reward_model") is not None:
+            self.reward_model, _, _ = build_model(
+                cfg["reward_model"],
+                cfg["reward_checkpoint_dir"],
+                trainable=False,
+                field="reward_model",
+                **common,
+            )
+            if not isinstance(self.reward_model, ScoreDecoder) or getattr(
+                self.reward_model, "fresh_score_head", False
+            ):
+                raise ConfigError(
+                    f"reward_checkpoint_dir: {cfg['reward_checkpoint_dir']} holds no trained score head — train one "
+                    "with the reward_model recipe, and use reward_model: {_component_: engine.models.reward.reward_model}",
+                    field="reward_checkpoint_dir",
+                )
+        value_dir = (
+            cfg.get("value_checkpoint_dir") or cfg.get("reward_checkpoint_dir") or cfg.get("checkpoint_dir")
+        )
+        self.value_model, self.value_is_lora, _ = build_model(
+            cfg["value_model"],
+            value_dir,
+            trainable=True,
+            activation_checkpointing=ac,
+            field="value_model",
+            **common,
+        )
+        if not isinstance(self.value_model, ScoreDecoder):
+            raise ConfigError(
+                "value_model: needs a score head — use {_component_: engine.models.reward.reward_model, decoder: ...}",
+                field="value_model",
+            )
+        for p in self.value_model.score.parameters():  # LoRA value model: its head trains in full
+            p.requires_grad_(True)
+        self.tokenizer = self._setup_tokenizer()
+        for field, m in (
+            ("model", self.model),
+            ("value_model", self.value_model),
+            ("reward_model", self.reward_model),
+        ):
+            if m is not None:
+                check_vocab(m, self.tokenizer, field=field)
+        self.stop_tokens = sorted(
+            set(self.tokenizer.stop_tokens) | {int(t) for t in cfg.get("stop_tokens") or []}
+        )
+        self._setup_data()
+        # one module holding everything trained, so checkpoints and resume cover the value model too
+        self.trainable = nn.ModuleDict({"policy": self.model, "value": self.value_model})
+        params = [p for p in self.trainable.parameters() if p.requires_grad]
+        if "optimizer" not in cfg:
+            raise ConfigError(
+                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
+            )
+        self.optimizer = instantiate(cfg["optimizer"], params)
+        self.lr_scheduler = None
+        if cfg.get("lr_scheduler") is not None:
+            per_step = self.ppo_epochs * (self.batch_size * self.num_samples // self.minibatch_size)
+            self.lr_scheduler = instantiate(
+                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps * per_step
+            )
+        self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.PPOLoss"})
+        kl_coeff, target = float(cfg.get("kl_coeff", 0.05)), cfg.get("kl_target")
+        self.kl_ctl = (
+            FixedKLController(kl_coeff)
+            if target is None
+            else AdaptiveKLController(kl_coeff, float(target), int(cfg.get("kl_horizon", 10000)))
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+        state = load_resume_state(
+            cfg, output_dir=self.output_dir, model=self.trainable, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=0,
+        )  # fmt: skip
+        if state is not None:
+            self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
+            self.batches_in_epoch = int(state["batches_in_epoch"])
+            self.optimizer_steps = int(state.get("optimizer_steps", 0))
+            self.kl_ctl.value = float(state.get("kl_coeff", self.kl_ctl.value))
+            if state.get("generator") is not None:
+                self.generator.set_state(state["generator"])
+        self.stop.install()
+
+    def _setup_tokenizer(self):
+        from engine.recipes._common import resolve_model_dir
+
+        node = self.cfg.get("tokenizer")
+        if node is None:
+            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
+        if isinstance(node, dict) and str(node.get("path")) == "demo":
+            return instantiate(node, path=str(resolve_model_dir("demo")))
+        return instantiate(node)
+
+    def _setup_data(self) -> None:
+        from engine.data import build_dataset
+        from engine.data.prompts import prompt_collate
+
+        dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
+        if len(dataset) and "prompt_tokens" not in dataset[0]:
+            raise ConfigError(
+                "dataset: PPO needs prompts — use prompt_dataset or demo_prompt_dataset", field="dataset"
+            )
+        self.sampler = EpochBatchSampler(
+            len(dataset), batch_size=self.batch_size, seed=self.seed, shuffle=True
+        )
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=prompt_collate)
+        per_epoch = len(self.sampler)
+        if self.cfg.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        self.steps_per_epoch = per_epoch
+        self.total_steps = per_epoch * self.epochs
+
+    # ------------------------------------------------------------------------------------ one step
+    def rollout(self, prompts: list[list[int]], answers: list[str]) -> dict:
+        """Sample, score (reward model and/or verifiable rewards, EOS penalty) and tensorise one batch."""
+        from engine.generation import generate
+        from engine.modules.score_decoder import sequence_scores
+        from engine.rl.rollout import rollout_batch, score
+
+        rep_prompts = [list(p) for p in prompts for _ in range(self.num_samples)]
+        rep_answers = [a for a in answers for _ in range(self.num_samples)]
+        t0 = time.perf_counter()
+        out = generate(
+            self.model, rep_prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_k=self.cfg.get("top_k"), top_p=self.cfg.get("top_p"), stop_tokens=self.stop_tokens,
+            pad_id=self.tokenizer.pad_id, generator=self.generator,
+        )  # fmt: skip
+        gen_time = time.perf_counter() - t0
+        completions = [list(map(int, c)) for c in out.completions]
+        texts = [self.tokenizer.decode(c) for c in completions]
+        prompt_texts = [self.tokenizer.decode(p) for p in rep_prompts]
+        tokens, labels, mask = (
+            t.to(self.device) for t in rollout_batch(rep_prompts, completions, self.tokenizer.pad_id)
+        )
+        R = tokens.shape[0]
+        scores = torch.zeros(R, device=self.device)
+        per_reward: dict[str, torch.Tensor] = {}
+        if self.reward_nodes:
+            total, per_reward = score(
+                self.reward_nodes, self.reward_weights, texts, rep_answers, prompt_texts
+            )
+            scores += total.to(self.device)
+        with torch.no_grad():
+            if self.reward_model is not None:
+                last = torch.tensor([len(p) + len(c) - 1 for p, c in zip(rep_prompts, completions, strict=True)],
+                                    device=self.device)  # fmt: skip
+                rm = sequence_scores(self.reward_model(tokens), last)[:, 0].float()
+                per_reward["reward_model"] = rm.cpu()
+                scores += rm
+        ended = torch.tensor([bool(c) and c[-1] in self.stop_tokens for c in completions], device=self.device)
+        raw = scores.clone()
+        if self.missing_eos_penalty is not None:
+            scores = scores - float(self.missing_eos_penalty) * (~ended).float()
+        return {"prompts": rep_prompts, "completions": completions, "texts": texts, "prompt_texts": prompt_texts,
+                "answers": rep_answers, "tokens": tokens, "labels": labels, "mask": mask, "scores": scores,
+                "raw_scores": raw, "per_reward": per_reward, "ended": ended, "gen_time": gen_time}  # fmt: skip
+
+    def train_on(self, ro: dict) -> dict[str, float]:
+        """Old/reference log-probs, values, KL-shaped rewards, GAE, then `ppo_epochs` x minibatch steps."""
+        from engine.rl.logprobs import token_logprobs
+        from engine.rl.policy import reference_context
+        from engine.rl.ppo import gae, kl_penalised_rewards, masked_mean, whiten
+        from engine.training import clip_grad_norm
+
+        tokens, labels, mask = ro["tokens"], ro["labels"], ro["mask"]
+        lp = {"temperature": self.temperature}
+        self.model.eval()
+        self.value_model.eval()
+        with torch.no_grad():
+            old = token_logprobs(self.model, tokens, labels, **lp)  # [R,L]
+            ref_model, ctx = reference_context(self.model, self.reference)
+            with ctx:
+                ref = token_logprobs(ref_model, tokens, labels, **lp)
+            old_values = (
+                self.value_model(tokens)[..., 0].float() * mask
+            )  # [R,L]: value before each response token
+            entropy = token_entropy(self.model, tokens, mask, temperature=self.temperature)
+            rewards, kl = kl_penalised_rewards(ro["scores"], old, ref, mask, self.kl_ctl.value)
+            if self.cfg.get("whiten_rewards", False):
+                rewards = whiten(rewards, mask, shift_mean=False)
+            adv, returns = gae(rewards, old_values, mask, gamma=self.gamma, lam=self.lam)
+            if self.cfg.get("whiten_advantages", True):
+                adv = whiten(adv, mask)
+        self.model.train()
+        self.value_model.train()
+        keys = ("policy_loss", "value_loss", "clip_fraction", "value_clip_fraction", "approx_kl", "ratio")
+        sums = dict.fromkeys(("loss", "grad_norm", *keys), 0.0)
+        n = 0
+        R = tokens.shape[0]
+        perm_gen = torch.Generator().manual_seed(self.seed + 7 * self.global_step)
+        params = [p for p in self.trainable.parameters() if p.requires_grad]
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(R, generator=perm_gen) if self.minibatch_size < R else torch.arange(R)
+            for s in range(0, R, self.minibatch_size):
+                idx = order[s : s + self.minibatch_size].to(self.device)
+                logps = token_logprobs(self.model, tokens[idx], labels[idx], **lp)
+                values = self.value_model(tokens[idx])[..., 0].float()
+                loss, stats = self.loss_fn(
+                    logps, old[idx], adv[idx], values, old_values[idx], returns[idx], mask[idx]
+                )
+                if not math.isfinite(loss.item()):
+                    raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
+                loss.backward()
+                gn = clip_grad_norm(params, float(self.clip_grad_norm) if self.clip_grad_norm else None)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.optimizer_steps += 1
+                sums["loss"] += loss.item()
+                sums["grad_norm"] += float(gn)
+                for k in keys:
+                    sums[k] += float(stats[k])
+                n += 1
+        seq_kl = float(kl.sum(1).mean())
+        out = {k: v / n for k, v in sums.items()}
+        out.update({"kl": seq_kl, "kl_coeff": self.kl_ctl.value, "entropy": float(entropy),
+                    "value/mean": float(masked_mean(old_values, mask)),
+                    "advantages/abs_mean": float(masked_mean(adv.abs(), mask))})  # fmt: skip
+        self.kl_ctl.update(seq_kl, R)
+        return out
+
+    def _log_samples(self, ro: dict) -> None:
+        k = int(self.cfg.get("num_samples_to_log", 4))
+        if k <= 0:
+            return
+        rows = [{"step": self.global_step, "prompt": ro["prompt_texts"][i], "completion": ro["texts"][i],
+                 "answer": ro["answers"][i], "reward": float(ro["scores"][i])}
+                for i in range(min(k, len(ro["texts"])))]  # fmt: skip
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+            f.write("\n".join(json.dumps(r) for r in rows) + "\n")  # whole lines in one write
+        self.logger.event(self.global_step, "sample", json.dumps(rows[0])[:2000])
+
+    def step_on(self, ro: dict, t0: float) -> dict[str, float]:
+        """Train on one rollout, advance `global_step`, log the step's metrics and samples."""
+        from engine.training import memory_stats
+
+        train_stats = self.train_on(ro)
+        self.global_step += 1
+        lengths = torch.tensor([len(c) for c in ro["completions"]], dtype=torch.float32)
+        scores = ro["scores"].float().cpu()
+        metrics = {
+            "reward": float(scores.mean()),
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/raw": float(ro["raw_scores"].mean()),
+            **{f"rewards/{k}": float(v.mean()) for k, v in ro["per_reward"].items()},
+            **train_stats,
+            "response_length": float(lengths.mean()),
+            "missing_eos": float((~ro["ended"]).float().mean()),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "rollout_tokens_per_sec": float(lengths.sum()) / max(ro["gen_time"], 1e-9),
+            "step_time": time.perf_counter() - t0,
+            "epoch": self.epoch,
+        }
+        self.logger.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+        self.history.append(metrics)
+        self._log_samples(ro)
+        self.logger.set_progress(self.global_step, self.total_steps)
+        return metrics
+
+    def train(self) -> int:
+        """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
+        log = self.logger
+        log.set_progress(self.global_step, self.total_steps)
+        while self.epoch < self.epochs and self.global_step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
+            for batch in self.loader:
+                if self.batches_in_epoch >= self.steps_per_epoch:
+                    break
+                t0 = time.perf_counter()
+                ro = self.rollout(batch["prompts"], batch["answers"])
+                self.batches_in_epoch += 1
+                self.step_on(ro, t0)
+                stop = self.stop.requested
+                if self.batches_in_epoch >= self.steps_per_epoch:
+                    break
+                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
+                    self.save_checkpoint()
+                if stop:
+                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                    return 0
+            self.epoch += 1
+            self.batches_in_epoch = 0
+            self.save_checkpoint()
+            if self.stop.requested:
+                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                return 0
+        return 0
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoints/step_<N>/`: the policy (adapters or HF folder) in `model/`, policy and
+        value weights + optimizer in `state/`, recipe state (KL coefficient, sampler, generator)."""
+        from engine.rl.export import write_policy
+
+        state = {
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "optimizer_steps": self.optimizer_steps,
+            "kl_coeff": self.kl_ctl.value,
+            "generator": self.generator.get_state(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        path = save_checkpoint(
+            self.output_dir, self.global_step, model=self.trainable, optimizer=self.optimizer,
+            recipe_state=state, keep_last=self.keep_last,
+            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+                                model_dir=self.model_dir, dtype=self.dtype),
+        )  # fmt: skip
+        self.logger.event(self.global_step, "checkpoint", str(path))
+        return path
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+            self.logger.close()
+
+
+def check_config(cfg: dict, recipe: str = "ppo") -> None:
+    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
+    refuse_config_problems(cfg, recipe=recipe)
+
+
+def recipe_main(argv: list[str] | None = None) -> None:
+    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
+    run_recipe_main(argv, name="ppo", recipe_cls=PPORecipe, check_config=check_config)
+
+
+if __name__ == "__main__":
+    recipe_main()
