@@ -460,6 +460,20 @@ def frozen_model_bytes(shape: ModelShape, dtype: str) -> float:
     return float(shape.num_params) * DTYPE_BYTES[dtype]
 
 
+def trained_side_model_bytes(
+    shape: ModelShape, dtype: str, optimizer: str = "adamw", *, full: bool = True
+) -> float:
+    """Bytes of a second model trained next to the policy (PPO's value model), not counting its
+    activations: weights, and for a full fine-tune a gradient and the optimizer's state per weight
+    (a LoRA one's adapters are small next to the base, which is counted as weights only)."""
+    weights = frozen_model_bytes(shape, dtype)
+    if not full:
+        return weights
+    state = OPTIMIZER_STATE_BYTES.get(optimizer)
+    per_param = 2 * DTYPE_BYTES[dtype] if state is None else state
+    return weights + weights + float(shape.num_params) * per_param
+
+
 def detect_device_count() -> int:
     """GPUs visible through NVML (0 without a driver, a GPU or pynvml: NVML raises then)."""
     try:

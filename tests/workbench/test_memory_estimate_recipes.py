@@ -80,3 +80,35 @@ def test_full_grpo_with_a_kl_term_holds_a_reference_copy():
     cfg["loss"] = {"_component_": "engine.modules.loss.GRPOLoss", "kl_coeff": 0.0}
     without_kl = estimate_config(cfg, 1, recipe="grpo")
     assert with_kl.weights_bytes == pytest.approx(2 * without_kl.weights_bytes)
+
+
+def test_ppo_holds_reward_and_value_models_and_lora_needs_no_reference():
+    from engine.models import model_card
+    from engine.training.memory_estimate import ModelShape
+
+    cfg = _load("qwen2_5/0.5B_lora_ppo.yaml")  # LoRA policy, frozen full reward model, LoRA value model
+    params = ModelShape.from_card(model_card("qwen2_5_0_5b")).num_params  # the estimate's own count
+    grpo_like = estimate_config({**cfg, "value_model": None, "reward_model": None}, 1, recipe="ppo")
+    ppo = estimate_config(cfg, 1, recipe="ppo")
+    # + the reward model's and the value model's bf16 weights (a LoRA value model: base counted as weights)
+    assert ppo.weights_bytes - grpo_like.weights_bytes == pytest.approx(2 * 2 * params)
+    assert not any(n.startswith("reference model") for n in ppo.notes)
+    full = copy.deepcopy(cfg)
+    full["model"]["_component_"] = "engine.models.qwen2.qwen2_5_0_5b"
+    for key in ("lora_attn_modules", "apply_lora_to_mlp", "lora_rank", "lora_alpha", "lora_dropout"):
+        full["model"].pop(key)
+    full["value_model"]["decoder"] = {"_component_": "engine.models.qwen2.qwen2_5_0_5b"}
+    full_ppo = estimate_config(full, 1, recipe="ppo")
+    full_sft = estimate_config({**full, "value_model": None, "reward_model": None}, 1, recipe="ppo")
+    # (the reference copy is in both) + reward weights (2 bytes) + the full value model's weights,
+    # gradients (2 + 2) and AdamW's two states at the parameter width (2 + 2)
+    assert full_ppo.weights_bytes - full_sft.weights_bytes == pytest.approx((2 + 2 + 2 + 4) * params)
+    assert any(n.startswith("reference model") for n in full_ppo.notes)
+
+
+def test_reward_model_is_sized_like_sft_on_its_decoder_with_two_rows_per_pair():
+    cfg = _load("qwen2_5/0.5B_lora_reward_model.yaml")
+    rm = estimate_config(cfg, 1, recipe="reward_model")
+    sft = estimate_config({**cfg, "model": cfg["model"]["decoder"]}, 1, recipe="sft")
+    assert rm.weights_bytes == pytest.approx(sft.weights_bytes)
+    assert rm.activations_bytes > sft.activations_bytes

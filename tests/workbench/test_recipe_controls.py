@@ -30,7 +30,7 @@ from workbench.screens.recipe_options import (
     unread_controls,
 )
 
-TRAINING_RECIPES = ("sft", "dpo", "kd", "grpo", "grpo_async")
+TRAINING_RECIPES = ("sft", "dpo", "kd", "grpo", "grpo_async", "reward_model", "ppo")
 
 # A full fine-tune of a small Llama-shaped model with every size given (no model card needed).
 FULL = {

@@ -401,6 +401,9 @@ def estimate_config(
     )
     from workbench.screens.recipe_options import training_options
 
+    if recipe == "reward_model" and isinstance((cfg.get("model") or {}).get("decoder"), dict):
+        # a decoder under a score head: sized like SFT on the decoder, chosen + rejected rows
+        cfg = {**cfg, "model": cfg["model"]["decoder"]}
     shape = ModelShape.from_card(_model_shape_card(cfg, "model"))
     opts = training_options(cfg, nproc, recipe)
     if recipe == "dpo":
@@ -413,11 +416,52 @@ def estimate_config(
         kl = loss.get("kl_coeff", 0.04)
         if opts["method"] == "full" and isinstance(kl, (int, float)) and kl > 0:
             opts["frozen_models"] = (("reference model", frozen_model_bytes(shape, opts["dtype"])),)
+    elif recipe == "reward_model":
+        opts["sequences_per_sample"] = 2
+    elif recipe == "ppo":
+        opts.update(_grpo_rows({**cfg, "group_size": cfg.get("num_samples", 1)}, sync=True))
+        opts["frozen_models"] = _ppo_side_models(cfg, shape, opts)
     elif recipe == "kd" and isinstance(cfg.get("teacher_model"), dict):
         teacher_cfg = {"model": cfg["teacher_model"], "checkpoint_dir": cfg.get("teacher_checkpoint_dir")}
         teacher = ModelShape.from_card(_model_shape_card(teacher_cfg, "teacher_model"))
         opts["frozen_models"] = (("teacher model", frozen_model_bytes(teacher, opts["dtype"])),)
     return estimate_memory(shape, TrainingOptions(**opts), overhead=overhead)
+
+
+def _ppo_side_models(cfg: dict[str, Any], policy: Any, opts: dict[str, Any]) -> tuple:
+    """PPO's models besides the policy: a full policy's frozen reference, the frozen reward model and
+    the trained value model (each sized from its `decoder` node and folder, else the policy's shape)."""
+    from engine.training.memory_estimate import ModelShape, frozen_model_bytes, trained_side_model_bytes
+    from workbench.screens.recipe_options import method_of
+
+    def shape_of(key: str, folder_key: str) -> Any:
+        node = cfg.get(key) if isinstance(cfg.get(key), dict) else {}
+        if not isinstance(node.get("decoder"), dict):
+            return policy
+        return ModelShape.from_card(
+            _model_shape_card({"model": node["decoder"], "checkpoint_dir": cfg.get(folder_key)}, key)
+        )
+
+    out = []
+    if opts["method"] == "full":
+        out.append(("reference model", frozen_model_bytes(policy, opts["dtype"])))
+    if isinstance(cfg.get("reward_model"), dict):
+        out.append(
+            (
+                "reward model",
+                frozen_model_bytes(shape_of("reward_model", "reward_checkpoint_dir"), opts["dtype"]),
+            )
+        )
+    if isinstance(cfg.get("value_model"), dict):
+        decoder = (
+            cfg["value_model"].get("decoder") if isinstance(cfg["value_model"].get("decoder"), dict) else {}
+        )
+        full = method_of({"model": decoder}) == "full"
+        value = trained_side_model_bytes(
+            shape_of("value_model", "value_checkpoint_dir"), opts["dtype"], opts["optimizer"], full=full
+        )
+        out.append(("value model", value))
+    return tuple(out)
 
 
 def _grpo_rows(cfg: dict[str, Any], *, sync: bool) -> dict[str, int]:
