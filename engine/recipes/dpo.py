@@ -145,18 +145,16 @@ class DPORecipe:
             cfg["model"], cfg["checkpoint_dir"], trainable=True,
             activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
-        node = cfg.get("loss") or {"_component_": "engine.modules.loss.DPOLoss"}
+        node = cfg["loss"] or {"_component_": "engine.modules.loss.DPOLoss"}
         self.loss_fn = instantiate(node)
         self.reference_free = bool(getattr(self.loss_fn, "reference_free", False))
         self.reference = None
-        if not self.is_lora:  # full fine-tuning: a frozen copy of the starting weights
+        if not self.is_lora and not self.reference_free:  # full fine-tuning: a frozen copy of the start
             self.reference, _, _ = build_model(cfg["model"], cfg["checkpoint_dir"], trainable=False, **common)
         self.tokenizer = self._setup_tokenizer()
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
         self.optimizer, self.lr_scheduler = self._setup_optimizer()
-        node = cfg["loss"] or {"_component_": "engine.modules.loss.DPOLoss"}
-        self.loss_fn = instantiate(node)
         self._maybe_resume()
         self.stop.install()
 

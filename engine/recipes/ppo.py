@@ -37,13 +37,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import save_checkpoint
-from engine.config import ConfigError, instantiate
+from engine.config import ConfigError, ConfigProblem, instantiate
+from engine.config.schema import REQUIRED, Field, Schema
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
     check_vocab,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
@@ -51,57 +51,151 @@ from engine.recipes._common import (
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
 from engine.rl.policy import build_model, rank_world
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder (checkpoints, samples.jsonl)",
-    "seed": "seed for new parameters, prompt order and sampling",
-    "device": "cpu, cuda or auto",
-    "dtype": "fp32 or bf16",
-    "checkpoint_dir": "Hugging Face folder of the starting policy, 'demo', or null (random init)",
-    "model": "_component_ policy builder; lora_* trains adapters (reference = adapters disabled)",
-    "value_model": "_component_ engine.models.reward.reward_model {decoder: ...}: the value model (trained)",
-    "value_checkpoint_dir": "folder the value model starts from (default: reward_checkpoint_dir, else checkpoint_dir with a fresh head)",
-    "reward_model": "_component_ engine.models.reward.reward_model {decoder: ...}: the frozen reward model (or null with rewards)",
-    "reward_checkpoint_dir": "the reward model's *ForSequenceClassification folder (a reward_model run's checkpoint model/)",
-    "rewards": "{name: _component_ reward fn} verifiable rewards instead of (or added to) the reward model (engine.rl.rewards)",
-    "reward_weights": "{name: weight} for the verifiable rewards (default 1 each)",
-    "tokenizer": "_component_ tokenizer ('demo' path for the embedded model's); shared by all models",
-    "dataset": "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...)",
-    "batch_size": "prompts per step",
-    "num_samples": "completions sampled per prompt",
-    "max_new_tokens": "completion length cap",
-    "temperature": "sampling temperature of the rollouts (and of the log-probs of the ratio)",
-    "top_k": "sample from the k most likely tokens (null: all)",
-    "top_p": "nucleus sampling mass (null: off)",
-    "stop_tokens": "extra token ids that end a completion (the tokenizer's stop tokens always do)",
-    "missing_eos_penalty": "subtracted from the score of a completion with no stop token (null: none)",
-    "gamma": "GAE discount",
-    "lam": "GAE lambda",
-    "kl_coeff": "KL penalty coefficient (the starting value when kl_target is set)",
-    "kl_target": "adaptive KL: steer the per-sequence KL to this many nats (null: fixed kl_coeff)",
-    "kl_horizon": "adaptive KL horizon in rollouts (Ziegler et al. use 10000)",
-    "whiten_advantages": "normalise advantages over each batch (mean 0, std 1)",
-    "whiten_rewards": "scale per-token rewards to std 1 over each batch (mean kept)",
-    "ppo_epochs": "optimisation passes over each batch of rollouts",
-    "minibatch_size": "completions per optimizer step (null: all of batch_size * num_samples)",
-    "epochs": "passes over the prompts",
-    "max_steps_per_epoch": "cap on rollout steps per epoch (null: whole epoch)",
-    "optimizer": "_component_ optimizer over the policy's and the value model's trainable parameters",
-    "lr_scheduler": "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
-    "clip_grad_norm": "max global gradient norm (null: none)",
-    "loss": "_component_ engine.modules.loss.PPOLoss {epsilon, value_clip, value_coeff}",
-    "num_samples_to_log": "completions per step written to output_dir/samples.jsonl",
-    "enable_activation_checkpointing": "recompute blocks in backward",
-    "compile": "torch.compile each block",
-    "save_every_n_steps": "checkpoint period in steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
-    "allowed_components": "extra module prefixes allowed in _component_ (your reward functions' package)",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
-MAX_NPROC = 1  # one process (the launcher refuses more before registering a run)
-CALL_SITE_ARGS = {"completions", "answers", "prompts"}
+_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
+_POSITIVE = Field(int, 1, "", minimum=1)
+_SCORER = "_component_ engine.models.reward.reward_model {decoder: {_component_: <family builder or lora_*>}}"
+
+
+def _reward_problems(cfg: dict) -> list[ConfigProblem]:
+    """A reward to train on, a reward model with its folder, and minibatches that split the rollouts."""
+    out = []
+    if not cfg["rewards"] and cfg["reward_model"] is None:
+        out.append(ConfigProblem(
+            "reward_model", "PPO needs a reward",
+            "set reward_model + reward_checkpoint_dir (a trained reward model), or rewards: "
+            "{name: {_component_: engine.rl.rewards.math_reward}}",
+        ))  # fmt: skip
+    if cfg["reward_model"] is not None and not cfg["reward_checkpoint_dir"]:
+        out.append(ConfigProblem(
+            "reward_checkpoint_dir", "missing",
+            "point it at a trained reward model (a reward_model run's checkpoints/step_<N>/model/ or a "
+            "*ForSequenceClassification folder)",
+        ))  # fmt: skip
+    unknown = set(cfg["reward_weights"] or {}) - set(cfg["rewards"] or {})
+    if unknown:
+        out.append(ConfigProblem("reward_weights", f"{sorted(unknown)[0]!r} is not a reward name",
+                                 f"use one of {sorted(cfg['rewards'] or {})}"))  # fmt: skip
+    rows = cfg["batch_size"] * cfg["num_samples"]
+    mb = cfg["minibatch_size"]
+    if isinstance(mb, int) and isinstance(rows, int) and mb > 0 and rows % mb:
+        out.append(ConfigProblem(
+            "minibatch_size", f"{mb} does not divide batch_size * num_samples = {rows}",
+            f"use a divisor of {rows}, or null for all {rows} in one step",
+        ))  # fmt: skip
+    return out
+
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        "output_dir": shared("output_dir", "run folder (checkpoints, samples.jsonl)"),
+        "seed": shared("seed", "seed for new parameters, prompt order and sampling"),
+        **shared_fields("device", "dtype"),
+        "checkpoint_dir": shared(
+            "checkpoint_dir", "Hugging Face folder of the starting policy, 'demo', or null (random init)"
+        ),
+        "model": shared(
+            "model", "_component_ policy builder; lora_* trains adapters (reference = adapters disabled)"
+        ),
+        "value_model": Field(dict, REQUIRED, "the trained value model: " + _SCORER, component=True),
+        "value_checkpoint_dir": Field(
+            str | None,
+            None,
+            "folder the value model starts from (null: reward_checkpoint_dir, else checkpoint_dir, fresh head)",
+        ),  # fmt: skip
+        "reward_model": Field(
+            dict | None, None, "the frozen reward model (null with rewards): " + _SCORER, component=True
+        ),  # fmt: skip
+        "reward_checkpoint_dir": Field(
+            str | None,
+            None,
+            "the reward model's *ForSequenceClassification folder (a reward_model run's model/)",
+        ),
+        "rewards": Field(
+            dict | None,
+            None,
+            "{name: _component_ reward fn} verifiable rewards instead of (or added to) the reward model",
+            values=Field(dict, None, "a reward function", component=True),
+        ),  # fmt: skip
+        "reward_weights": Field(
+            dict[str, float] | None,
+            None,
+            "{name: weight} for the verifiable rewards (default 1 each)",
+            expect="a mapping of reward name to number, or null",
+        ),  # fmt: skip
+        "tokenizer": shared(
+            "tokenizer", "_component_ tokenizer ('demo' path for the embedded model's); shared"
+        ),
+        "dataset": shared(
+            "dataset", "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...)", controls=()
+        ),  # fmt: skip
+        "batch_size": shared("batch_size", "prompts per step"),
+        "num_samples": _POSITIVE.but(doc="completions sampled per prompt"),
+        "max_new_tokens": _POSITIVE.but(default=128, doc="completion length cap"),
+        "temperature": Field(
+            float, 1.0, "sampling temperature of the rollouts (and of the ratio's log-probs)", above=0.0
+        ),  # fmt: skip
+        "top_k": Field(int | None, None, "sample from the k most likely tokens (null: all)", minimum=1),
+        "top_p": Field(float | None, None, "nucleus sampling mass (null: off)", above=0.0, maximum=1.0),
+        "stop_tokens": Field(list[int] | None, None, "extra token ids that end a completion"),
+        "missing_eos_penalty": Field(
+            float | None, None, "subtracted from the score of a completion with no stop token (null: none)"
+        ),
+        "gamma": Field(float, 1.0, "GAE discount", minimum=0.0, maximum=1.0),
+        "lam": Field(float, 0.95, "GAE lambda", minimum=0.0, maximum=1.0),
+        "kl_coeff": Field(
+            float, 0.05, "KL penalty coefficient (the starting value with kl_target)", minimum=0.0
+        ),
+        "kl_target": Field(
+            float | None, None, "adaptive KL: steer the per-sequence KL to this (null: fixed)", above=0.0
+        ),  # fmt: skip
+        "kl_horizon": _POSITIVE.but(
+            default=10000, doc="adaptive KL horizon in rollouts (Ziegler et al.: 10000)"
+        ),
+        "whiten_advantages": Field(bool, True, "normalise advantages over each batch (mean 0, std 1)"),
+        "whiten_rewards": Field(bool, False, "scale per-token rewards to std 1 over each batch (mean kept)"),
+        "ppo_epochs": _POSITIVE.but(doc="optimisation passes over each batch of rollouts"),
+        "minibatch_size": Field(
+            int | None, None, "completions per optimizer step (null: the whole batch)", minimum=1
+        ),  # fmt: skip
+        "epochs": shared("epochs", "passes over the prompts"),
+        "max_steps_per_epoch": shared(
+            "max_steps_per_epoch", "cap on rollout steps per epoch (null: whole epoch)"
+        ),
+        "optimizer": shared(
+            "optimizer", "_component_ optimizer over the policy's and value model's parameters"
+        ),
+        "lr_scheduler": shared(
+            "lr_scheduler",
+            "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
+        ),
+        **shared_fields("clip_grad_norm"),
+        "loss": shared("loss", "_component_ engine.modules.loss.PPOLoss {epsilon, value_clip, value_coeff}"),
+        "num_samples_to_log": Field(
+            int, 4, "completions per step written to output_dir/samples.jsonl", minimum=0
+        ),
+        "enable_activation_checkpointing": shared(
+            "enable_activation_checkpointing", "recompute blocks in backward"
+        ),
+        **shared_fields("compile"),
+        "save_every_n_steps": shared(
+            "save_every_n_steps", "checkpoint period in steps (null: epoch ends only)"
+        ),
+        **shared_fields("keep_last_n_checkpoints", "resume"),
+    },
+    checks=(_reward_problems,),
+    max_nproc=1,
+    nproc_note="PPO runs on one process",
+    absent={
+        "optimizer_in_bwd": _NO_BWD,
+        "linear_ce": "PPOLoss works on per-token log-probs and values, not cross-entropy",
+        "packing": "prompts are sampled into rollouts, not packed",
+    },
+    call_site_args=frozenset({"completions", "answers", "prompts"}),
+)
 
 
 @torch.no_grad()
@@ -127,10 +221,10 @@ class PPORecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.rank, self.world_size = rank_world()
-        if self.world_size > 1:
-            raise ConfigError("nproc_per_node: PPO runs on one process — use 1", field="nproc_per_node")
+        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
+            raise wrong
         self.device = pick_device(cfg.get("device"))
         self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
         self.output_dir = Path(cfg.get("output_dir") or "./runs/ppo")

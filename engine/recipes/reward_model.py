@@ -29,13 +29,13 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import save_checkpoint
 from engine.config import ConfigError, instantiate
+from engine.config.schema import Field, Schema
 from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
     check_sequence_length,
     check_vocab,
-    key_rules,
     load_resume_state,
     parse_dtype,
     pick_device,
@@ -43,36 +43,74 @@ from engine.recipes._common import (
     run_recipe_main,
     set_seed,
 )
+from engine.recipes._fields import shared, shared_fields
 from engine.rl.policy import all_reduce_sum, build_model, rank_world
 
-CONFIG_KEYS: dict[str, str] = {
-    "output_dir": "run folder: checkpoints go to output_dir/checkpoints/step_<N>/",
-    "seed": "seed for the fresh head, adapters and data order",
-    "device": "cpu, cuda or auto",
-    "dtype": "fp32 or bf16",
-    "checkpoint_dir": "HF folder to start from: a causal LM (fresh head) or a *ForSequenceClassification; 'demo'; null",
-    "model": "_component_ engine.models.reward.reward_model {decoder: {_component_: <family builder or lora_*>}}",
-    "tokenizer": "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)",
-    "dataset": "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
-    "validation": "held-out pairs: {fraction | dataset, every_n_steps, max_batches}; null for none",
-    "batch_size": "preference pairs per micro-batch on each rank",
-    "gradient_accumulation_steps": "micro-batches per optimizer step",
-    "epochs": "passes over the pairs",
-    "max_steps_per_epoch": "cap on optimizer steps per epoch (null: whole epoch)",
-    "optimizer": "_component_ optimizer (reward models: ~1e-5 full, ~1e-4 LoRA on real models)",
-    "lr_scheduler": "_component_ schedule (num_training_steps is filled in), or null",
-    "clip_grad_norm": "max global gradient norm (null: none)",
-    "loss": "_component_ engine.modules.loss.BradleyTerryLoss {margin, center_rewards_coeff}",
-    "enable_activation_checkpointing": "recompute blocks in backward (less memory, ~30% slower)",
-    "compile": "torch.compile each block",
-    "fsdp": "{reshard_after_forward, cpu_offload} for multi-rank runs",
-    "save_every_n_steps": "checkpoint period in optimizer steps (null: epoch ends only)",
-    "keep_last_n_checkpoints": "complete checkpoints to keep",
-    "resume": "true: continue from the latest checkpoint in output_dir; a path: from that one",
-    "shuffle": "shuffle pairs each epoch (seeded)",
-    "allowed_components": "extra module prefixes allowed in _component_",
-}
-CONFIG_TYPES = key_rules(CONFIG_KEYS)  # checked by engine.config.validate
+_NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
+_POSITIVE = Field(int, 1, "", minimum=1)
+
+# Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
+CONFIG_SCHEMA = Schema(
+    {
+        **shared_fields("output_dir"),
+        "seed": shared("seed", "seed for the fresh head, adapters and data order"),
+        **shared_fields("device", "dtype"),
+        "checkpoint_dir": shared(
+            "checkpoint_dir",
+            "HF folder to start from: a causal LM (fresh head) or a *ForSequenceClassification; 'demo'; null",
+        ),
+        "model": shared(
+            "model",
+            "_component_ engine.models.reward.reward_model {decoder: {_component_: <family builder or lora_*>}}",
+        ),
+        "tokenizer": shared(
+            "tokenizer", "_component_ tokenizer (load_tokenizer with path; 'demo' for the embedded model's)"
+        ),
+        "dataset": shared(
+            "dataset",
+            "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
+            controls=(),
+        ),  # fmt: skip
+        "validation": Field(
+            dict | None,
+            None,
+            "held-out pairs: {fraction | dataset, every_n_steps, max_batches}; null for none",
+            keys={
+                "fraction": Field(float, 0.1, "share of the pairs held out", above=0.0, below=1.0),
+                "dataset": Field(
+                    dict | list | None, None, "_component_ held-out pairs instead", component=True
+                ),
+                "every_n_steps": _POSITIVE.but(
+                    default=50, doc="evaluate every N optimizer steps (and at the end)"
+                ),
+                "max_batches": Field(int | None, None, "first N batches only (null: all)", minimum=1),
+            },
+        ),  # fmt: skip
+        "batch_size": shared("batch_size", "preference pairs per micro-batch on each rank"),
+        **shared_fields("gradient_accumulation_steps"),
+        "epochs": shared("epochs", "passes over the pairs"),
+        **shared_fields("max_steps_per_epoch"),
+        "optimizer": shared("optimizer", "_component_ optimizer (reward models: ~1e-5 full, ~1e-4 LoRA)"),
+        **shared_fields("lr_scheduler", "clip_grad_norm"),
+        "loss": shared(
+            "loss", "_component_ engine.modules.loss.BradleyTerryLoss {margin, center_rewards_coeff}"
+        ),
+        **shared_fields(
+            "enable_activation_checkpointing",
+            "compile",
+            "fsdp",
+            "save_every_n_steps",
+            "keep_last_n_checkpoints",
+            "resume",
+        ),  # fmt: skip
+        "shuffle": shared("shuffle", "shuffle pairs each epoch (seeded)"),
+    },
+    absent={
+        "optimizer_in_bwd": _NO_BWD,
+        "linear_ce": "its loss is Bradley-Terry on scalar rewards, not cross-entropy",
+        "packing": "preference pairs are padded, never packed",
+    },
+)
 
 
 def last_token_index(labels: torch.Tensor) -> torch.Tensor:
@@ -105,7 +143,7 @@ class RewardModelRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.dist_info = dist_info
         self.rank, self.world_size = rank_world()
         self.device = pick_device(cfg.get("device"))
