@@ -51,6 +51,11 @@ def tiny_config(assets: Path, output_dir: Path, **overrides) -> dict:
         "save_every_n_steps": None,
         "keep_last_n_checkpoints": 2,
     }
+    return set_keys(cfg, overrides)
+
+
+def set_keys(cfg: dict, overrides: dict) -> dict:
+    """Set dotted keys (`dataset.max_seq_len`) of `cfg` in place; returns it."""
     for key, value in overrides.items():
         node = cfg
         *parents, last = key.split(".")

@@ -19,6 +19,7 @@ from tests.engine.recipes._sft_helpers import (
     new_run,
     recipe_env,
     run_recipe,
+    set_keys,
     write_config,
 )
 from tests.engine.recipes.test_sft_process import _run
@@ -67,13 +68,7 @@ def _config(tmp_path, name: str, **over) -> dict:
         "clip_grad_norm": 1.0,
         "loss": {"_component_": "engine.modules.loss.LinearCrossEntropyLoss"},
     }
-    for key, value in over.items():
-        node = cfg
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
-    return cfg
+    return set_keys(cfg, over)
 
 
 def _two_ranks(tmp_path, tunebench_home, cfg: dict, mesh: str) -> list[float]:
