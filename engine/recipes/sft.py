@@ -76,7 +76,28 @@ def _parallel_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
     model's experts; not on a dense model): checked by the launcher before any process starts."""
     from engine.training.expert_parallel import expert_parallel_problems
 
-    return check_parallel_degrees(cfg, nproc) or expert_parallel_problems(cfg, nproc)
+    return (
+        check_parallel_degrees(cfg, nproc)
+        or expert_parallel_problems(cfg, nproc)
+        or _qlora_problems(cfg, nproc)
+    )
+
+
+def _qlora_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
+    """QLoRA on several ranks: pure tensor parallelism only (FSDP2 would shard the NF4 base)."""
+    node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    preset = str(node.get("_component_", "")).rsplit(".", 1)[-1].startswith("qlora_")
+    nf4 = node.get("quantize_base", preset) is True
+    if nproc > 1 and nf4 and cfg.get("tensor_parallel_dim", 1) != nproc:
+        return [
+            ConfigProblem(
+                "model.quantize_base",
+                f"QLoRA (NF4 base) on {nproc} ranks runs under tensor parallelism only (the NF4 base "
+                "replicated); FSDP2 shards plain weights",
+                f"set tensor_parallel_dim={nproc}, or use a lora_* builder",
+            )
+        ]
+    return []
 
 
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -257,9 +278,19 @@ class SFTRecipe:
         cfg = self.cfg
         ckpt = cfg["checkpoint_dir"]
         self.model_dir = resolve_model_dir(ckpt) if ckpt is not None else None
+        # QLoRA on several ranks: pure tensor parallelism, the NF4 base replicated on every rank (see
+        # engine.training.tensor_parallel), so each rank builds the whole model itself (same seed).
+        replicated = False
         if self.world_size > 1:
             with torch.device("meta"):
                 model = instantiate(cfg["model"])
+            if any(getattr(m, "quantize_base", False) for m in model.modules()):
+                if self.world_size != self.tp:
+                    raise ConfigError.from_problem(
+                        _qlora_problems({**cfg, "model": {"quantize_base": True}}, self.world_size)[0]
+                    )
+                replicated = True
+                model = self._build_initialised_model().to(device=self.device)
         else:
             model = self._build_initialised_model()
         # Under TP an untied output is vocab-sharded: loss parallel replaces the configured loss.
@@ -269,12 +300,6 @@ class SFTRecipe:
         self.is_moe = bool(moe_layers(model))
         if self.is_lora:
             set_trainable_params(model, adapters.keys())
-        if self.world_size > 1 and any(getattr(m, "quantize_base", False) for m in model.modules()):
-            raise ConfigError(
-                "QLoRA (NF4 base) runs on one process here; FSDP2 shards plain weights",
-                hint="use a lora_* builder with FSDP, or run QLoRA with --nproc_per_node 1",
-                field="model.quantize_base",
-            )
         ac = bool(cfg["enable_activation_checkpointing"])
         every_k = int(cfg["ac_every_k"])
         fsdp_cfg = dict(cfg["fsdp"] or {})
@@ -283,7 +308,7 @@ class SFTRecipe:
             mesh=self._mesh(),
             activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
             compile=bool(cfg["compile"]),
-            fsdp=self.world_size > 1,
+            fsdp=self.world_size > 1 and not replicated,
             reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
             cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
             expert_mesh=build_expert_mesh(self.world_size, self.ep, self.device.type)
@@ -293,7 +318,7 @@ class SFTRecipe:
         if self.ep > 1 and self.rank == 0:
             experts = moe_layers(model)[0].num_experts
             print(f"expert parallel: {experts} experts over {self.ep} ranks ({experts // self.ep} per rank)")
-        if self.world_size > 1:
+        if self.world_size > 1 and not replicated:
             full = self._build_initialised_model().state_dict() if self.rank == 0 else {}
             materialize_model(model, device=self.device, state_dict=full, broadcast_from_rank0=True)
             del full

@@ -128,3 +128,53 @@ def test_hsdp_two_replicas_equal_one_rank(tmp_path, tunebench_home):
     # Two replicas of one shard each: batch 2 per rank = batch 4 on one process.
     mesh = "dp_replicate=2 x dp_shard=1 x cp=1 x tp=1"
     _same_run(tmp_path, tunebench_home, {}, {"data_parallel_replicate_dim": 2, "batch_size": 2}, mesh)
+
+
+QLORA = {
+    "model._component_": "engine.models.llama3.lora_llama3",
+    "model.quantize_base": True,
+    "model.lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
+    "model.apply_lora_to_mlp": True,
+    "model.lora_rank": 4,
+}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_qlora_under_tensor_parallel_equals_one_rank(tmp_path, tunebench_home):
+    # The NF4 base stays whole on both ranks; adapters and the vocab-sharded output as under TP.
+    mesh = "dp_replicate=1 x dp_shard=1 x cp=1 x tp=2; loss parallel (vocab-sharded logits)"
+    one_cfg = _config(tmp_path, "one", **QLORA)
+    one = run_recipe(one_cfg)
+    two = _two_ranks(tmp_path, tunebench_home, _config(tmp_path, "two", **QLORA, tensor_parallel_dim=2), mesh)
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(one.loss_history), rtol=2e-5, atol=0)
+    from pathlib import Path
+
+    got = load_file(
+        str(Path(tmp_path / "two" / "checkpoints" / f"step_{STEPS}" / "model" / "adapter_model.safetensors"))
+    )
+    expected = load_file(
+        str(
+            Path(one_cfg["output_dir"])
+            / "checkpoints"
+            / f"step_{STEPS}"
+            / "model"
+            / "adapter_model.safetensors"
+        )
+    )
+    assert set(got) == set(expected) and got
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=2e-6, msg=key)
+
+
+def test_qlora_on_a_data_parallel_mesh_is_one_line_before_launch():
+    from engine.recipes.sft import CONFIG_SCHEMA
+
+    cfg = {"model": {"_component_": "engine.models.llama3.qlora_llama3_2_1b"}, "tensor_parallel_dim": 1}
+    problems = CONFIG_SCHEMA.nproc_check(cfg, 2)
+    assert [str(p) for p in problems] == [
+        "model.quantize_base: QLoRA (NF4 base) on 2 ranks runs under tensor parallelism only (the NF4 base "
+        "replicated); FSDP2 shards plain weights — set tensor_parallel_dim=2, or use a lora_* builder"
+    ]
+    assert CONFIG_SCHEMA.nproc_check({**cfg, "tensor_parallel_dim": 2}, 2) == []
+    assert CONFIG_SCHEMA.nproc_check({"model": {**cfg["model"], "quantize_base": False}}, 2) == []
