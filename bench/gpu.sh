@@ -16,6 +16,8 @@
 # samples with a long-tailed length distribution (median ~250 tokens), loss on the second half of each;
 # tokens/s counts real (non-pad) tokens; peak GiB is torch.cuda.max_memory_allocated over the row.
 # The training step is the engine's own (decoder -> loss -> backward -> optimizer step), as sft.py runs it.
+# Table 3, MoE (row moe:step): bench/moe_step.py in bf16 on the GPU, tunebench's Qwen3-MoE step (grouped
+# GEMM) against transformers' on the same weights and tokens (SMOKE=1: its tiny CPU shape).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -214,3 +216,10 @@ json.dump({"device": device, "date": time.strftime("%Y-%m-%d"), "smoke": SMOKE, 
           open("bench/out/gpu_sft.json", "w"), indent=2)
 print(f"\ntotal {time.time() - t_start:.0f} s", flush=True)
 PYEOF
+if [[ -z "${ROWS:-}" || ",${ROWS}," == *",moe:step,"* ]]; then
+  if [[ "${SMOKE:-}" == "1" ]]; then
+    SMOKE=1 "$PY" bench/moe_step.py
+  else
+    DEVICE=cuda DTYPE=bf16 "$PY" bench/moe_step.py
+  fi
+fi

@@ -1,0 +1,163 @@
+"""MoE training step: tunebench's Qwen3-MoE against transformers' on the same random weights and tokens.
+
+    nice .venv/bin/python bench/moe_step.py            # figures to stdout and bench/out/moe_step.json
+    SMOKE=1 .venv/bin/python bench/moe_step.py         # a tiny shape, 2 rounds: checks the script only
+
+One training step = forward, cross-entropy + router_aux_loss_coef x load-balancing loss, backward,
+AdamW step, in fp32 on the CPU (`DEVICE=cuda DTYPE=bf16`: on a GPU, as bench/gpu.sh's moe case). Shape: a small Qwen3-MoE (8 experts,
+top-2, 2 layers, hidden 256, expert hidden 512, vocab 8192), batch 4 x 256 tokens. Both models start
+from the same weights (transformers' random init, loaded into ours through its HF folder) and see
+the same tokens; runs alternate (theirs, ours, theirs, ...) so machine load hits both alike; each
+side reports its median step time. transformers is timed with its default experts implementation
+and with `experts_implementation="eager"` (its per-expert Python loop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SMOKE = os.environ.get("SMOKE") == "1"
+DEVICE = torch.device(os.environ.get("DEVICE", "cpu"))
+DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}[os.environ.get("DTYPE", "fp32")]
+ROUNDS = 2 if SMOKE else int(os.environ.get("ROUNDS", "15"))
+WARMUP = 1 if SMOKE else 3
+SHAPE = dict(
+    vocab_size=512 if SMOKE else 8192,
+    hidden_size=64 if SMOKE else 256,
+    moe_intermediate_size=32 if SMOKE else 512,
+    intermediate_size=1024,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16 if SMOKE else 64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    max_position_embeddings=512,
+    router_aux_loss_coef=0.01,
+    tie_word_embeddings=False,
+)
+BATCH, SEQ = (2, 32) if SMOKE else (4, 256)
+
+
+def _cpu_flags() -> str:
+    """The CPU model and its SIMD flags (as the other bench/ scripts print them)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?"
+    )
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    simd = [f for f in flags if f.startswith(("avx", "sse4", "amx", "fma"))]
+    return f"{model}; {len(set(ln for ln in info.splitlines() if ln.startswith('processor')))} cpus; {' '.join(simd)}"
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> int:
+    import transformers
+
+    from engine.models import from_pretrained
+    from engine.modules.moe import moe_aux_loss
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(**SHAPE)
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.normal_(0.0, 0.02)  # the router starts at zero in transformers' init: give it weights
+        reference.save_pretrained(tmp)
+        theirs = {
+            "transformers": transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=DTYPE),
+            "transformers_eager": transformers.AutoModelForCausalLM.from_pretrained(
+                tmp, dtype=DTYPE, experts_implementation="eager"
+            ),
+        }
+        ours = from_pretrained(tmp, dtype=DTYPE)
+    coef = SHAPE["router_aux_loss_coef"]
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ), generator=gen).to(DEVICE)
+
+    def hf_step(model, opt):
+        out = model(tokens, labels=tokens, output_router_logits=True)  # CE + coef * aux, as they train
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss
+
+    def our_step(model, opt):
+        logits = model(tokens)
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+        loss = ce + coef * moe_aux_loss(model)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    runs = {name: (m.to(DEVICE).train(), hf_step) for name, m in theirs.items()}
+    runs["tunebench"] = (ours.to(DEVICE).train(), our_step)
+    optims = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for name, (m, _) in runs.items()}
+    first = {}
+    for name, (model, step) in runs.items():  # the same first-step loss: same weights, same tokens
+        first[name] = float(step(model, optims[name]).detach())
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(WARMUP + ROUNDS):
+        for name, (model, step) in runs.items():  # alternating, every round
+            _sync()
+            t0 = time.perf_counter()
+            step(model, optims[name])
+            _sync()
+            if r >= WARMUP:
+                times[name].append(time.perf_counter() - t0)
+    tokens_per_step = BATCH * SEQ
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": str(DEVICE),
+        "dtype": str(DTYPE),
+        "cpu": _cpu_flags(),
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "shape": SHAPE,
+        "batch": [BATCH, SEQ],
+        "rounds": ROUNDS,
+        "first_step_loss": first,
+        "median_s": {n: statistics.median(t) for n, t in times.items()},
+        "tokens_per_s": {n: tokens_per_step / statistics.median(t) for n, t in times.items()},
+    }
+    med = result["median_s"]
+    result["speedup_vs_transformers"] = med["transformers"] / med["tunebench"]
+    result["speedup_vs_transformers_eager"] = med["transformers_eager"] / med["tunebench"]
+    print(f"cpu: {result['cpu']} | threads {result['threads']} | load {result['load_average']}")
+    for name in runs:
+        print(f"{name:<20} median {med[name] * 1e3:8.1f} ms/step  {result['tokens_per_s'][name]:9.0f} tokens/s  "
+              f"first loss {first[name]:.6f}")  # fmt: skip
+    print(f"tunebench / transformers (default experts): {result['speedup_vs_transformers']:.2f}x; "
+          f"/ transformers eager: {result['speedup_vs_transformers_eager']:.2f}x")  # fmt: skip
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / ("moe_step_smoke.json" if SMOKE else "moe_step.json")).write_text(
+        json.dumps(result, indent=2) + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
