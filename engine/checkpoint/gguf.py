@@ -1,4 +1,5 @@
-"""GGUF import: a llama-architecture `.gguf` file (llama.cpp's format) into a Hugging Face folder.
+"""GGUF import: a llama-architecture `.gguf` file (llama.cpp's format; Mixtral's stacked experts
+included) into a Hugging Face folder.
 
     ckpt = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")       # config, weights, tokenizer in memory
     out = convert_gguf_to_hf("model.gguf", "models/smollm2")   # config.json + model.safetensors + tokenizer
@@ -50,6 +51,14 @@ GGUF_TO_HF: dict[str, str] = {
     "blk.{}.ffn_gate.weight": "model.layers.{}.mlp.gate_proj.weight",
     "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
     "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
+}
+# Mixtral (llama architecture with `llama.expert_count`): the router, and experts stored stacked
+# `[E, out, in]`, split into HF's per-expert keys (`w1` gate, `w3` up, `w2` down).
+GGUF_TO_HF["blk.{}.ffn_gate_inp.weight"] = "model.layers.{}.block_sparse_moe.gate.weight"
+GGUF_EXPERTS: dict[str, str] = {
+    "ffn_gate_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w1.weight",
+    "ffn_up_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w3.weight",
+    "ffn_down_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w2.weight",
 }
 # Tensors that carry nothing the HF format stores (RoPE tables are recomputed from the config).
 GGUF_SKIPPED = ("rope_freqs.weight",)
@@ -194,6 +203,16 @@ def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
         "mlp_bias": False,
         "rope_scaling": None,
     }
+    experts = int(meta("expert_count", 0) or 0)
+    if experts:  # Mixtral: a llama-architecture GGUF with stacked experts
+        config.update(
+            architectures=["MixtralForCausalLM"],
+            model_type="mixtral",
+            num_local_experts=experts,
+            num_experts_per_tok=int(meta("expert_used_count")),
+            router_jitter_noise=0.0,
+            sliding_window=None,
+        )
     scaling = _field(reader, "llama.rope.scaling.type", path, None)
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
@@ -358,6 +377,14 @@ def load_gguf(path: str | Path, *, rebuild_tokenizer: bool = True) -> GGUFCheckp
     for tensor in reader.tensors:
         if tensor.name in GGUF_SKIPPED:
             continue
+        parts = tensor.name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in GGUF_EXPERTS:
+            stacked = _dequantize(tensor, path)  # [E, out, in]
+            for e in range(stacked.shape[0]):
+                key = GGUF_EXPERTS[parts[2]].format(parts[1], e)
+                state_dict[key] = stacked[e].clone()
+                tensor_types[key] = tensor.tensor_type.name
+            continue
         hf = _hf_name(tensor.name)
         if hf is None:
             raise GGUFError(
@@ -371,7 +398,8 @@ def load_gguf(path: str | Path, *, rebuild_tokenizer: bool = True) -> GGUFCheckp
             weight = unpermute_qk(weight, kv_heads)
         state_dict[hf] = weight
         tensor_types[hf] = tensor.tensor_type.name
-    expected = config["num_hidden_layers"] * 9 + 2 + (0 if config["tie_word_embeddings"] else 1)
+    per_layer = 7 + 3 * config["num_local_experts"] if "num_local_experts" in config else 9
+    expected = config["num_hidden_layers"] * per_layer + 2 + (0 if config["tie_word_embeddings"] else 1)
     if len(state_dict) != expected:
         raise GGUFError(
             f"{path}: {len(state_dict)} weight tensors found, {expected} expected for "

@@ -291,3 +291,77 @@ def test_demo_conversion_race_keeps_the_finished_folder(tmp_path, monkeypatch):
     assert demo.demo_model_dir(home) == target
     assert (target / "winner").is_file()  # the finished folder was kept, not replaced or deleted
     assert [p.name for p in target.parent.iterdir()] == [demo.DEMO_NAME]  # no temp folder left behind
+
+
+def test_mixtral_gguf_with_stacked_experts_gives_the_same_logits(tmp_path):
+    """A Mixtral GGUF (llama architecture + expert_count, experts stacked as ffn_*_exps) imports to a
+    MixtralForCausalLM folder: per-expert keys, transformers' and tunebench's logits equal the source."""
+    import gguf
+
+    from engine.models import from_pretrained
+
+    tok = _tiny_tokenizer()
+    cfg = transformers.MixtralConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=128, rms_norm_eps=1e-5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "llama")
+    w.add_block_count(2)
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(48)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(16)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_expert_count(4)
+    w.add_expert_used_count(2)
+    data = json.loads(tok.to_str())
+    vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]])
+    w.add_token_types([3 if i < 3 else 1 for i in range(len(vocab))])
+    state = {k: v.detach().float() for k, v in model.state_dict().items()}
+    w.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy())
+    w.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+    w.add_tensor("output.weight", state["lm_head.weight"].numpy())
+    for i in range(2):
+        pre = f"model.layers.{i}."
+        gate_up = state[pre + "mlp.experts.gate_up_proj"]  # [E, 2H, D] in memory
+        tensors = {
+            "attn_norm.weight": state[pre + "input_layernorm.weight"],
+            "ffn_norm.weight": state[pre + "post_attention_layernorm.weight"],
+            "attn_q.weight": permute_qk(state[pre + "self_attn.q_proj.weight"], 4),
+            "attn_k.weight": permute_qk(state[pre + "self_attn.k_proj.weight"], 2),
+            "attn_v.weight": state[pre + "self_attn.v_proj.weight"],
+            "attn_output.weight": state[pre + "self_attn.o_proj.weight"],
+            "ffn_gate_inp.weight": state[pre + "mlp.gate.weight"],
+            "ffn_gate_exps.weight": gate_up[:, :48],
+            "ffn_up_exps.weight": gate_up[:, 48:],
+            "ffn_down_exps.weight": state[pre + "mlp.experts.down_proj"],
+        }
+        for name, t in tensors.items():
+            w.add_tensor(f"blk.{i}.{name}", t.contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = convert_gguf_to_hf(tmp_path / "moe.gguf", tmp_path / "hf", dtype=torch.float32)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["MixtralForCausalLM"]
+    ids = torch.tensor([tok.encode(TEXT).ids[:24]])
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours = from_pretrained(out)
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch.testing.assert_close(loaded(ids).logits, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(ids), expected, atol=1e-5, rtol=0)
