@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from data_pipeline import _cpu_flags  # noqa: E402  (bench/ is this script's folder: one CPU line for all)
 
 SMOKE = os.environ.get("SMOKE") == "1"
 DEVICE = torch.device(os.environ.get("DEVICE", "cpu"))
@@ -50,20 +51,6 @@ SHAPE = dict(
     tie_word_embeddings=False,
 )
 BATCH, SEQ = (2, 32) if SMOKE else (4, 256)
-
-
-def _cpu_flags() -> str:
-    """The CPU model and its SIMD flags (as the other bench/ scripts print them)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?"
-    )
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-    simd = [f for f in flags if f.startswith(("avx", "sse4", "amx", "fma"))]
-    return f"{model}; {len(set(ln for ln in info.splitlines() if ln.startswith('processor')))} cpus; {' '.join(simd)}"
 
 
 def _sync() -> None:

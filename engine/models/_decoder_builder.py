@@ -209,3 +209,37 @@ def lora_preset(lora_builder, name: str, module: str, **preset_kwargs):
         " and an NF4 base (QLoRA)." if preset_kwargs.get("quantize_base") else "."
     )
     return preset
+
+
+def moe_lora_builder(model_builder, name: str, module: str):
+    """`lora_<family>` of a mixture-of-experts family: `model_builder(**model_kwargs)` with LoRA/DoRA
+    adapters on attention and, by choice, on every expert (stacked per expert, `apply_lora_to_experts`);
+    `train_router` trains the router with them (frozen otherwise); QLoRA when `quantize_base`."""
+
+    def lora_builder(
+        *,
+        lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+        apply_lora_to_experts: bool = False,
+        train_router: bool = False,
+        apply_lora_to_output: bool = False,
+        lora_rank: int = 8,
+        lora_alpha: float = 16.0,
+        lora_dropout: float = 0.0,
+        quantize_base: bool = False,
+        use_dora: bool = False,
+        **model_kwargs,
+    ) -> TransformerDecoder:
+        lora = LoRASettings(
+            tuple(lora_attn_modules), False, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
+            quantize_base, use_dora, apply_lora_to_experts, train_router,
+        )  # fmt: skip
+        return model_builder(**model_kwargs, lora=lora)
+
+    lora_builder.__signature__ = forward_signature(lora_builder, model_builder)
+    lora_builder.__name__ = lora_builder.__qualname__ = name
+    lora_builder.__module__ = module
+    lora_builder.__doc__ = (
+        f"`{model_builder.__name__}(**model_kwargs)` with LoRA adapters on attention and, by choice, on "
+        "every expert (stacked per expert); `train_router` trains the router with them (frozen otherwise)."
+    )
+    return lora_builder

@@ -6,7 +6,7 @@ Launch-time use: `_component_: engine.models.qwen3_moe.qwen3_moe_30b_a3b` (or `l
 
 from __future__ import annotations
 
-from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
+from engine.models._decoder_builder import LoRASettings, build_decoder, lora_preset, moe_lora_builder
 from engine.modules.moe import MoESettings
 from engine.modules.transformer import TransformerDecoder
 
@@ -50,29 +50,7 @@ def qwen3_moe(
     )  # fmt: skip
 
 
-def lora_qwen3_moe(
-    *,
-    lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj"),
-    apply_lora_to_experts: bool = False,
-    train_router: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    quantize_base: bool = False,
-    use_dora: bool = False,
-    **model_kwargs,
-) -> TransformerDecoder:
-    """`qwen3_moe(**model_kwargs)` with LoRA adapters on attention and, by choice, on every expert
-    (stacked per expert); `train_router` trains the router with them (frozen otherwise)."""
-    lora = LoRASettings(
-        tuple(lora_attn_modules), False, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
-        quantize_base, use_dora, apply_lora_to_experts, train_router,
-    )  # fmt: skip
-    return qwen3_moe(**model_kwargs, lora=lora)
-
-
-lora_qwen3_moe.__signature__ = forward_signature(lora_qwen3_moe, qwen3_moe)
+lora_qwen3_moe = moe_lora_builder(qwen3_moe, "lora_qwen3_moe", __name__)
 
 
 SIZES = {
