@@ -189,6 +189,23 @@ def resolve_model_dir(path: str | Path, *, field: str = "checkpoint_dir") -> Pat
     return folder
 
 
+def build_tokenizer(node: Any) -> Any:
+    """The config's `tokenizer:` component; `path: demo` means the embedded model's folder.
+
+    Raises:
+        ConfigError: no tokenizer node (naming `tokenizer`), or what building it raises.
+    """
+    from engine.config import instantiate
+
+    if node is None:
+        raise ConfigError(
+            "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
+        )
+    if isinstance(node, dict) and str(node.get("path")) == "demo":
+        return instantiate(node, path=str(resolve_model_dir("demo")))
+    return instantiate(node)
+
+
 def check_vocab(model: nn.Module, tokenizer: Any, *, field: str = "model") -> None:
     """Refuse a tokenizer whose token ids do not all fit the model's embedding table (`tok_embeddings`).
 

@@ -43,6 +43,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    build_tokenizer,
     check_vocab,
     load_resume_state,
     parse_dtype,
@@ -334,7 +335,7 @@ class PPORecipe:
             )
         for p in self.value_model.score.parameters():  # LoRA value model: its head trains in full
             p.requires_grad_(True)
-        self.tokenizer = self._setup_tokenizer()
+        self.tokenizer = build_tokenizer(cfg["tokenizer"])
         for field, m in (
             ("model", self.model),
             ("value_model", self.value_model),
@@ -380,16 +381,6 @@ class PPORecipe:
             if state.get("generator") is not None:
                 self.generator.set_state(state["generator"])
         self.stop.install()
-
-    def _setup_tokenizer(self):
-        from engine.recipes._common import resolve_model_dir
-
-        node = self.cfg.get("tokenizer")
-        if node is None:
-            raise ConfigError("tokenizer: missing — add a tokenizer component", field="tokenizer")
-        if isinstance(node, dict) and str(node.get("path")) == "demo":
-            return instantiate(node, path=str(resolve_model_dir("demo")))
-        return instantiate(node)
 
     def _setup_data(self) -> None:
         from engine.data import build_dataset

@@ -34,6 +34,7 @@ from engine.recipes._common import (
     EpochBatchSampler,
     LossIsNaN,
     StopFlag,
+    build_tokenizer,
     check_sequence_length,
     check_vocab,
     load_resume_state,
@@ -187,7 +188,7 @@ class RewardModelRecipe:
             )
         for p in self.model.score.parameters():  # LoRA: the fresh head trains in full
             p.requires_grad_(True)
-        self.tokenizer = self._setup_tokenizer()
+        self.tokenizer = build_tokenizer(cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -211,18 +212,6 @@ class RewardModelRecipe:
             self.batches_in_epoch = int(state["batches_in_epoch"])
             self.tokens_total = int(state.get("tokens_total", 0))
         self.stop.install()
-
-    def _setup_tokenizer(self):
-        from engine.recipes._common import resolve_model_dir
-
-        node = self.cfg.get("tokenizer")
-        if node is None:
-            raise ConfigError(
-                "tokenizer: missing — add a tokenizer component (load_tokenizer with path)", field="tokenizer"
-            )
-        if isinstance(node, dict) and str(node.get("path")) == "demo":
-            return instantiate(node, path=str(resolve_model_dir("demo")))
-        return instantiate(node)
 
     def _collate(self):
         from engine.data.collate import padded_collate_dpo
