@@ -120,3 +120,20 @@ def test_save_without_like_is_loadable_by_transformers(family, tmp_path):
     tokens = _tokens(4)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(tokens).logits, reference(tokens).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_with_kv_cache_equals_transformers(family, tmp_path):
+    """`tunebench generate`'s engine (KV caches, batched, left-padded) on an MoE: transformers' tokens."""
+    from engine.generation import generate
+
+    reference = hf_model(family)
+    reference.save_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src")
+    prompts = [[5, 6, 7, 8, 9], [3, 4], [100, 101, 1]]
+    out = generate(ours, prompts, max_new_tokens=8)
+    for prompt, completion in zip(prompts, out.completions):
+        expected = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :]
+        assert completion == expected.tolist()
