@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: torchtune label layout, masks from token spans, Llama 3 BOS
 _PROBE = "Hello world! 0123 <|im_start|>[INST] <s></s> ünïcødé\n\n  tabs\t."
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 
 def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (printable bytes as themselves, the rest from U+0100 on); written
+    here rather than imported, since this side runs without tunebench on its path."""
     keep = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
     table, extra = {}, 0
     for b in range(256):

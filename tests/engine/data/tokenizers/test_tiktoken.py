@@ -10,21 +10,9 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 
 from engine.data.tokenizers import LLAMA3_PATTERN, TiktokenTokenizer, TokenizerError, load_tokenizer
+from engine.data.tokenizers.rank_bpe import byte_level_alphabet
 
 from .conftest import TEXTS
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """The byte-level BPE alphabet: printable bytes map to themselves, the rest to U+0100 onwards."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +23,7 @@ def llama3_tiktoken(tmp_path_factory, request):
     if not src.is_dir():
         pytest.skip(f"{src} is absent")
     data = json.loads((src / "tokenizer.json").read_text())
-    alphabet = _byte_level_alphabet()
+    alphabet = byte_level_alphabet()
     out = tmp_path_factory.mktemp("llama3_tiktoken")
     lines = []
     for token, rank in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1]):
