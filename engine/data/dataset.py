@@ -11,9 +11,12 @@ for the single-source datasets here `skipped` (rows dropped by `skip_bad_rows`) 
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -41,8 +44,9 @@ class _Flat:
         lengths = np.array([len(ids) for ids, _ in seqs], dtype=np.int64)
         offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        tokens = np.fromiter((t for ids, _ in seqs for t in ids), dtype=np.int32, count=int(offsets[-1]))
-        mask = np.fromiter((m for _, ms in seqs for m in ms), dtype=bool, count=int(offsets[-1]))
+        n = int(offsets[-1])
+        tokens = np.fromiter(chain.from_iterable(ids for ids, _ in seqs), dtype=np.int32, count=n)
+        mask = np.fromiter(chain.from_iterable(ms for _, ms in seqs), dtype=bool, count=n)
         return cls(tokens, mask, offsets)
 
     def get(self, i: int) -> tuple[list[int], list[bool]]:
@@ -140,9 +144,10 @@ def _init_worker(column_map, convert, filter_fn, skip_blank, stop_at_bad) -> Non
 def _worker_chunk(args) -> list[tuple[str, int, Any]]:
     start, rows = args
     w = _WORKER
-    return _process_chunk(
-        start, rows, w["column_map"], w["convert"], w["filter_fn"], w["skip_blank"], w["stop"]
-    )
+    with _gc_paused():
+        return _process_chunk(
+            start, rows, w["column_map"], w["convert"], w["filter_fn"], w["skip_blank"], w["stop"]
+        )
 
 
 _BATCH = 512  # rows per batched encode
@@ -196,6 +201,19 @@ def _process_chunk(
     return out
 
 
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while rows are converted: tokenizing builds hundreds of
+    thousands of small lists (no cycles), and the collector's passes over them cost ~1/3 of the time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _picklable(*objs) -> bool:
     import pickle
 
@@ -247,7 +265,8 @@ def run_rows(
         with ctx.Pool(num_proc, initializer=_init_worker, initargs=init) as pool:
             results = [r for part in pool.map(_worker_chunk, chunks) for r in part]
     else:
-        results = _process_chunk(0, rows, cmap, convert, filter_fn, skip_blank, stop)
+        with _gc_paused():
+            results = _process_chunk(0, rows, cmap, convert, filter_fn, skip_blank, stop)
     out = []
     for status, idx, value in results:
         if status == "ok":

@@ -18,6 +18,7 @@ pipeline uses to place prompt/response boundaries without encoding the text twic
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -149,16 +150,18 @@ class TokenOffsets:
         self._len = np.zeros(size, dtype=np.int64)
         for i, n in byte_lengths.items():
             self._len[i] = n
+        self._len_list = self._len.tolist()
 
     def spans(self, text: str, ids: list[int]) -> tuple[list[int], list[int]]:
         """Start and end character offsets in `text` of each token (a character split across tokens
         belongs to each of them)."""
         if not ids:
             return [], []
+        if text.isascii():  # bytes = characters; plain iterators beat numpy on short token lists
+            ends = list(accumulate(map(self._len_list.__getitem__, ids)))
+            return [0, *ends[:-1]], ends
         byte_ends = np.cumsum(self._len[np.asarray(ids, dtype=np.int64)])
         byte_starts = byte_ends - self._len[np.asarray(ids, dtype=np.int64)]
-        if text.isascii():
-            return byte_starts.tolist(), byte_ends.tolist()
         raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
         # Character index of each byte: count of character-starting bytes (not 10xxxxxx) so far.
         char_of_byte = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, 0)

@@ -114,7 +114,7 @@ class TiktokenTokenizer(Tokenizer):
             lengths = {i: len(b) for b, i in self._ranks.items()}
             lengths.update({i: len(s.encode("utf-8")) for s, i in self._special.items()})
             self._offsets = TokenOffsets(lengths)
-        batch = self._enc.encode_batch(texts, allowed_special="all", disallowed_special=())
+        batch = [self._encode_plain(text) for text in texts]
         return [(ids, *self._offsets.spans(text, ids)) for text, ids in zip(texts, batch)]
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
