@@ -20,6 +20,9 @@ from engine.data.tokenizers.errors import TokenizerError
 from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
 
 LLAMA3_BOS = "<|begin_of_text|>"
+# `encode_spans` switches to tiktoken (when the file is rank BPE) once this many texts have come:
+# building it costs ~1-3 s (reading the JSON, the ranks, the encoder), which small datasets skip.
+FAST_AFTER = 256
 
 
 class HFTokenizer(Tokenizer):
@@ -59,7 +62,8 @@ class HFTokenizer(Tokenizer):
         if (files.bos_token or bos) == LLAMA3_BOS and self.token_to_id(LLAMA3_BOS) is not None:
             adds_bos = True  # `add_bos_token` in tokenizer_config.json still decides (_setup_specials)
         self._path = path
-        self._rank_bpe = None  # (tiktoken Encoding, TokenOffsets) or False, built on first encode_spans
+        self._rank_bpe = None  # (tiktoken Encoding, TokenOffsets, special regex, ids) or False
+        self._seen = 0  # texts encode_spans has encoded
         self._setup_specials(files, bos=bos, eos=eos, adds_bos=adds_bos)
 
     def _encode_plain(self, text: str) -> list[int]:
@@ -80,7 +84,8 @@ class HFTokenizer(Tokenizer):
     def encode_spans(self, texts: list[str]) -> list[tuple[list[int], list[int], list[int]]]:
         """For each text: ids (no BOS/EOS; special-token strings map to their ids) and each token's
         start and end character offsets. A token split off inside one character spans that character."""
-        fast = self._fast_encoder()
+        self._seen += len(texts)
+        fast = self._fast_encoder() if self._seen >= FAST_AFTER else False
         if fast:
             enc, offsets, special_re, special_ids = fast
             # Special-token strings split the text (as the library's added-token matching does);
@@ -107,12 +112,27 @@ class HFTokenizer(Tokenizer):
             out.append((e.ids, [a for a, _ in offs], [b for _, b in offs]))
         return out
 
+    def _maybe_rank_bpe(self) -> bool:
+        """The cheap part of `rank_bpe_encoding`'s conditions, read from the loaded tokenizer, so
+        other files never parse their JSON a second time."""
+        import json
+
+        model = self._tok.model
+        if self._tok.normalizer is not None or type(model).__name__ != "BPE":
+            return False
+        if not getattr(model, "ignore_merges", False) or getattr(model, "byte_fallback", False):
+            return False
+        pre = self._tok.pre_tokenizer
+        return pre is not None and '"Split"' in json.dumps(json.loads(pre.__getstate__()))
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_rank_bpe"] = None  # a worker process builds its own (the merge-scan verdict is on disk)
         return state
 
     def _fast_encoder(self):
+        if self._rank_bpe is None and not self._maybe_rank_bpe():
+            self._rank_bpe = False
         if self._rank_bpe is None:
             import hashlib
             import json
