@@ -1,0 +1,303 @@
+"""GGUF export: a model folder or a run checkpoint (LoRA adapters folded in) as one llama.cpp `.gguf` file.
+
+    path = export_gguf("runs/7/checkpoints/step_100/model", "smol.f16.gguf", "f16")
+
+The inverse of `engine.checkpoint.gguf` (the importer), so the file reads back through it:
+- names: native -> HF (`engine.checkpoint.hf_keys`) -> GGUF (the importer's `GGUF_TO_HF`, inverted);
+- llama.cpp's Q/K row permutation is redone (`permute_qk`), the importer undoes it;
+- storage: `f16`/`bf16` store every matrix in that type, `q8_0` quantises matrices with the `gguf`
+  package's `quants.quantize` (blocks of 32 weights, one f16 scale); norms stay F32, as llama.cpp does;
+- metadata: the `llama.*` keys the importer reads, and the tokenizer: a byte-level BPE as
+  `tokenizer.ggml.model = "gpt2"` (tokens, merges, types, the `pre` name whose pre-tokenizer splits
+  text as the source's does), a SentencePiece BPE (byte fallback) as `"llama"` (tokens, scores from
+  the merge ranks, types), special token ids, BOS/EOS use and `tokenizer.chat_template`.
+
+Families: the ones the importer reads, i.e. llama-architecture decoders (Llama 2/3, SmolLM2, Mistral)
+without attention bias, Q/K norms, experts or RoPE scaling. Others raise GGUFError.
+The file is written under a temporary name beside the target and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.checkpoint.gguf import GGUF_TO_HF, SUPPORTED_PRE, GGUFError, _pre_tokenizer, permute_qk
+
+GGUF_TYPES = ("f16", "bf16", "q8_0")
+HF_TO_GGUF: dict[str, str] = {hf: g for g, hf in GGUF_TO_HF.items()}
+_FAMILIES = ("llama", "mistral")  # HF model_type values the llama GGUF architecture expresses
+# Texts the candidate pre-tokenizers must split exactly as the source one does.
+_PRE_PROBES = (
+    "Hello world! It's 2024, they'll pay $1234567.89 for 3.14 apples.",
+    "  leading spaces\tand tabs\n\nnew lines\r\n ünïcödé 日本語 🤗 I'M",
+    "def f(x):\n    return x ** 2  # code, don't",
+)
+
+
+def _gguf_name(hf: str) -> str | None:
+    parts = hf.split(".")
+    if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        template = HF_TO_GGUF.get(".".join(["model", "layers", "{}", *parts[3:]]))
+        return None if template is None else template.format(parts[2])
+    return HF_TO_GGUF.get(hf)
+
+
+def check_family(config: dict[str, Any], source: str) -> None:
+    """Raise GGUFError when the llama GGUF architecture (as the importer reads it) cannot hold `config`."""
+    kind = config.get("model_type")
+    if kind not in _FAMILIES:
+        raise GGUFError(
+            f"{source}: model_type {kind!r} cannot be exported to GGUF (llama-architecture only: "
+            f"{', '.join(_FAMILIES)}); export it as a Hugging Face folder instead"
+        )
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise GGUFError(f"{source}: attention/MLP biases cannot be exported to a llama GGUF")
+    rope_type = _rope(config).get("rope_type", _rope(config).get("type", "default"))
+    if rope_type != "default":
+        raise GGUFError(
+            f"{source}: RoPE scaling {rope_type!r} cannot be exported (the GGUF importer reads unscaled RoPE only)"
+        )
+
+
+def _rope(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings in either spelling (transformers 4 `rope_theta`/`rope_scaling`, 5 `rope_parameters`)."""
+    return {
+        "rope_theta": config.get("rope_theta", 10000.0),
+        **(config.get("rope_scaling") or {}),
+        **(config.get("rope_parameters") or {}),
+    }
+
+
+def _source_pre_name(tok) -> str:
+    """The `tokenizer.ggml.pre` name whose rebuilt pre-tokenizer splits the probe texts as `tok`'s does."""
+    source = tok.pre_tokenizer
+    if source is None:
+        raise GGUFError("the tokenizer has no pre-tokenizer; a byte-level BPE without one cannot be exported")
+    want = [source.pre_tokenize_str(t) for t in _PRE_PROBES]
+    for pre in ("smollm", "llama-bpe", "qwen2", "gpt-2"):
+        if [_pre_tokenizer(pre).pre_tokenize_str(t) for t in _PRE_PROBES] == want:
+            return pre
+    raise GGUFError(
+        f"the tokenizer's pre-tokenizer matches none the GGUF importer rebuilds ({', '.join(SUPPORTED_PRE)}); "
+        "it cannot be exported to GGUF"
+    )
+
+
+def _tokenizer_metadata(writer, model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise GGUFError(
+            f"{model_dir}: no tokenizer.json; the GGUF needs the tokenizer (copy it into the folder)"
+        )
+    data = json.loads(path.read_text())
+    tok = Tokenizer.from_str(path.read_text())
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise GGUFError(f"{path}: a {model.get('type')} tokenizer cannot be exported to GGUF (BPE only)")
+    size = tok.get_vocab_size(with_added_tokens=True)
+    by_id = {i: t for t, i in tok.get_vocab(with_added_tokens=True).items()}
+    if sorted(by_id) != list(range(size)):
+        raise GGUFError(f"{path}: token ids are not contiguous from 0; it cannot be exported to GGUF")
+    tokens = [by_id[i] for i in range(size)]
+    added = {int(a["id"]): bool(a.get("special")) for a in data.get("added_tokens") or []}
+    types = [(3 if added[i] else 4) if i in added else 1 for i in range(size)]  # control / user / normal
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    if model.get("byte_fallback"):  # SentencePiece BPE: scores rank the merges (the importer re-derives them)
+        scores = [0.0] * size
+        ids = tok.get_vocab(with_added_tokens=True)
+        for rank, merge in enumerate(merges):
+            merged = merge.replace(" ", "", 1)
+            if merged in ids and scores[ids[merged]] == 0.0:
+                scores[ids[merged]] = -float(rank + 1)
+        for i, t in enumerate(tokens):
+            if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                types[i] = 6  # byte
+        writer.add_tokenizer_model("llama")
+        writer.add_token_scores(scores)
+        writer.add_add_space_prefix(_prepends_space(data))
+        unk = model.get("unk_token")
+        if unk in ids:
+            writer.add_unk_token_id(ids[unk])
+            types[ids[unk]] = 2
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(_source_pre_name(tok))
+        writer.add_token_merges(merges)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    _special_tokens(writer, model_dir, tokens)
+
+
+def _prepends_space(data: dict) -> bool:
+    """Whether the SentencePiece tokenizer prefixes text with U+2581 (normalizer Prepend or Metaspace)."""
+    text = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
+    return '"Prepend"' in text or ('"Metaspace"' in text and '"prepend_scheme": "never"' not in text)
+
+
+def _special_tokens(writer, model_dir: Path, tokens: list[str]) -> None:
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    ids = {t: i for i, t in enumerate(tokens)}
+
+    def token(key: str) -> int | None:
+        value = cfg.get(key)
+        if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
+            value = value.get("content")
+        return ids.get(value) if isinstance(value, str) else None
+
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("pad_token", writer.add_pad_token_id),
+    ):
+        found = token(key)
+        if found is not None:
+            add(found)
+    if "add_bos_token" in cfg:
+        writer.add_add_bos_token(bool(cfg["add_bos_token"]))
+    if "add_eos_token" in cfg:
+        writer.add_add_eos_token(bool(cfg["add_eos_token"]))
+    template = _chat_template(model_dir, cfg)
+    if template is not None:
+        writer.add_chat_template(template)
+
+
+def _chat_template(model_dir: Path, cfg: dict) -> str | None:
+    """The chat template: `tokenizer_config.json`, else `chat_template.jinja` / `.json` (newer transformers)."""
+    if isinstance(cfg.get("chat_template"), str):
+        return cfg["chat_template"]
+    if (model_dir / "chat_template.jinja").is_file():
+        return (model_dir / "chat_template.jinja").read_text()
+    if (model_dir / "chat_template.json").is_file():
+        value = json.loads((model_dir / "chat_template.json").read_text()).get("chat_template")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _model_metadata(writer, config: dict[str, Any], vocab: int, name: str) -> None:
+    heads = int(config["num_attention_heads"])
+    dim = int(config["hidden_size"])
+    writer.add_name(name)
+    writer.add_block_count(int(config["num_hidden_layers"]))
+    writer.add_context_length(int(config.get("max_position_embeddings", 4096)))
+    writer.add_embedding_length(dim)
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
+    writer.add_rope_dimension_count(int(config.get("head_dim") or dim // heads))
+    writer.add_rope_freq_base(float(_rope(config)["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5)))
+    writer.add_vocab_size(vocab)
+
+
+def _stored(weight: torch.Tensor, qtype: str):
+    """`(array, raw_dtype)` for `writer.add_tensor`: 1-D tensors F32, matrices in `qtype`."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    array = weight.detach().to(torch.float32).contiguous().numpy()
+    if array.ndim == 1:
+        return array, None
+    if qtype == "f16":
+        return array.astype(np.float16), None
+    if qtype == "bf16":
+        return quants.quantize(array, GGMLQuantizationType.BF16), GGMLQuantizationType.BF16
+    if array.shape[-1] % 32:  # Q8_0 blocks are 32 wide; llama.cpp falls back to F16 the same way
+        return array.astype(np.float16), None
+    return quants.quantize(array, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """HF-named float32 weights of a native decoder with its adapters folded in (tied output dropped)."""
+    from engine.checkpoint.hf_keys import native_to_hf
+    from engine.modules.peft import merged_state_dict
+
+    out: dict[str, torch.Tensor] = {}
+    for key, value in merged_state_dict(model, dtype=torch.float32).items():
+        if key == "output.weight" and getattr(model, "tied", False):
+            continue
+        hf = native_to_hf(key)
+        if hf is None:
+            raise GGUFError(f"weight {key!r} has no llama GGUF counterpart; this model cannot be exported")
+        out[hf] = value
+    return out
+
+
+def write_gguf(
+    state_dict: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    tokenizer_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    qtype: str,
+    *,
+    name: str = "model",
+) -> Path:
+    """Write HF-named weights, their `config.json` contents and the tokenizer in `tokenizer_dir` to `out`."""
+    import gguf
+
+    if qtype not in GGUF_TYPES:
+        raise GGUFError(f"GGUF type {qtype!r} is unknown; use one of {', '.join(GGUF_TYPES)}")
+    check_family(config, str(tokenizer_dir))
+    out = Path(out)
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    tensors = []
+    for hf, weight in state_dict.items():
+        gname = _gguf_name(hf)
+        if gname is None:
+            raise GGUFError(f"weight {hf!r} has no llama GGUF counterpart; this model cannot be exported")
+        if hf.endswith("q_proj.weight"):
+            weight = permute_qk(weight, heads)
+        elif hf.endswith("k_proj.weight"):
+            weight = permute_qk(weight, kv_heads)
+        tensors.append((gname, *_stored(weight, qtype)))
+    file_type = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}[qtype]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        _model_metadata(writer, config, int(state_dict["model.embed_tokens.weight"].shape[0]), name)
+        writer.add_file_type(gguf.LlamaFileType[file_type])
+        _tokenizer_metadata(writer, Path(tokenizer_dir))
+        for gname, array, raw in tensors:
+            writer.add_tensor(gname, array, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def export_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, qtype: str) -> Path:
+    """Export a HF model folder or a PEFT adapter folder (merged onto the base it names) to GGUF `out`."""
+    from engine.eval.model_loading import (
+        adapter_base_dir,
+        is_adapter_folder,
+        load_eval_model,
+        tokenizer_folder,
+    )
+    from engine.models.hf_config import read_hf_config
+
+    if qtype not in GGUF_TYPES:
+        raise GGUFError(f"GGUF type {qtype!r} is unknown; use one of {', '.join(GGUF_TYPES)}")
+    model_dir = Path(model_dir)
+    config_dir = adapter_base_dir(model_dir) if is_adapter_folder(model_dir) else model_dir
+    config = read_hf_config(config_dir)
+    check_family(config, str(config_dir / "config.json"))
+    model = load_eval_model(model_dir, dtype=torch.float32)
+    state = hf_state_dict(model)
+    del model
+    return write_gguf(state, config, tokenizer_folder(model_dir), out, qtype, name=config_dir.name)

@@ -1,0 +1,96 @@
+"""`tunebench export-model RUN_OR_DIR --gguf f16|bf16|q8_0 [-o FILE] [--force]`: a merged model (LoRA
+adapters folded into the base) as one GGUF file for llama.cpp and Ollama.
+
+RUN_OR_DIR is a run id or name (its latest checkpoint), a run folder, a checkpoint folder
+(`checkpoints/step_<N>`), a model folder (HF `config.json` + safetensors, or PEFT adapters whose
+`adapter_config.json` names the base), or `demo`. FILE defaults to `<name>.<type>.gguf` here; an
+existing FILE is replaced only with --force. Llama-architecture models only (Llama 2/3, SmolLM2, Mistral).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from workbench.errors import UserError
+
+TYPES = ("f16", "bf16", "q8_0")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export-model",
+        help="write a run's or folder's merged model as a GGUF file (llama.cpp, Ollama)",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument(
+        "source", metavar="RUN_OR_DIR", help="run id or name, checkpoint or model folder, or `demo`"
+    )
+    p.add_argument("--gguf", required=True, metavar="TYPE", help=f"storage type: {', '.join(TYPES)}")
+    p.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="where to write (default ./NAME.TYPE.gguf)"
+    )
+    p.add_argument("--force", action="store_true", help="replace FILE when it already exists")
+    p.set_defaults(func=run)
+
+
+def _model_folder(folder: Path) -> Path | None:
+    """The weights folder inside `folder`: itself, a checkpoint's `model/`, or the latest checkpoint's."""
+    from engine.checkpoint.layout import latest_checkpoint
+
+    for candidate in (folder, folder / "model"):
+        if (candidate / "config.json").is_file() or (candidate / "adapter_config.json").is_file():
+            return candidate
+    step = latest_checkpoint(folder)
+    if step is not None and (step / "model").is_dir():
+        return _model_folder(step / "model")
+    return None
+
+
+def resolve_source(spec: str) -> tuple[Path, str]:
+    """`(weights folder, name)` of RUN_OR_DIR. Raises UserError saying what was looked for."""
+    if spec == "demo":
+        from engine.models.demo import demo_model_dir
+
+        return Path(demo_model_dir()), "smollm2-135m-instruct"
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        found = _model_folder(path)
+        if found is None:
+            raise UserError(
+                f"{path}: no model weights here (no config.json, adapter_config.json or checkpoints/step_<N>/model/); "
+                "point RUN_OR_DIR at a model folder, a checkpoint or a run"
+            )
+        return found, path.resolve().name
+    if path.exists():
+        raise UserError(f"{path}: is a file; RUN_OR_DIR must be a run, a checkpoint or a model folder")
+    from engine.tracking.db import open_db
+    from engine.tracking.errors import TrackerError
+    from engine.tracking.readers import get_run
+
+    try:
+        with open_db(create=False) as db:
+            rec = get_run(spec, db=db)
+    except TrackerError as exc:
+        raise UserError(f"RUN_OR_DIR {spec!r}: not a folder, and {exc}") from None
+    found = _model_folder(Path(rec.output_dir))
+    if found is None:
+        raise UserError(f"run {rec.id}: no complete checkpoint with model weights under {rec.output_dir} yet")
+    return found, rec.name or rec.id
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gguf not in TYPES:
+        raise UserError(f"--gguf {args.gguf!r}: unknown GGUF type; use one of {', '.join(TYPES)}")
+    folder, name = resolve_source(args.source)
+    out = Path(args.output or f"{name}.{args.gguf}.gguf").expanduser()
+    if out.exists() and not args.force:
+        raise UserError(f"{out}: already exists; pass --force to replace it or choose another -o FILE")
+    if out.is_dir():
+        raise UserError(f"{out}: is a folder; -o FILE must name a file")
+    from engine.checkpoint.gguf_export import export_gguf
+
+    path = export_gguf(folder, out, args.gguf)
+    size = path.stat().st_size / 2**20
+    print(f"wrote {path} ({size:.1f} MiB, {args.gguf}) from {folder}")
+    return 0
