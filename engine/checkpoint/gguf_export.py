@@ -54,7 +54,7 @@ def check_family(config: dict[str, Any], source: str) -> None:
     if kind not in _FAMILIES:
         raise GGUFError(
             f"{source}: model_type {kind!r} cannot be exported to GGUF (llama-architecture only: "
-            f"{', '.join(_FAMILIES)}); export it as a Hugging Face folder instead"
+            f"{', '.join(_FAMILIES)}); use llama.cpp's convert_hf_to_gguf.py on the Hugging Face folder instead"
         )
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise GGUFError(f"{source}: attention/MLP biases cannot be exported to a llama GGUF")
