@@ -74,3 +74,13 @@ def test_malformed_tiktoken_line(tmp_path):
     bad.write_text("SGVsbG8= 0\nnot-base64!! 1\n")
     with pytest.raises(TokenizerError, match=r"x.tiktoken:2: expected"):
         load_tokenizer(bad)
+
+
+def test_encode_spans_equal_tokenizer_json_offsets(llama3_tiktoken):
+    folder, src, _ = llama3_tiktoken
+    tok = load_tokenizer(folder)
+    ref = RustTokenizer.from_file(str(src / "tokenizer.json"))
+    texts = [*TEXTS, "<|start_header_id|>user<|end_header_id|>\n\nünï 🤗<|eot_id|>"]
+    for text, (ids, starts, ends) in zip(texts, tok.encode_spans(texts)):
+        want = ref.encode(text, add_special_tokens=False)
+        assert ids == want.ids and list(zip(starts, ends)) == want.offsets, text
