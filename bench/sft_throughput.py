@@ -119,7 +119,7 @@ def _worker_tunebench(shape: dict, dtype_name: str, hf_dir: Path, warmup: int, s
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    # as the recipes run on CPU (engine.recipes._common.run_recipe_main): freed buffers kept for the
+    # as the recipes run on CPU (engine.recipes._entry.run_recipe_main): freed buffers kept for the
     # next step; bf16 matmuls in fp32 on CPUs without bf16 instructions
     keep_freed_memory_for_cpu_training("cpu")
     with cpu_fast_paths("cpu", dtype):

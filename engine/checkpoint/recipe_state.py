@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from engine.checkpoint.layout import (  # noqa: F401 (re-exported: the recipes' import site)
     CHECKPOINTS_DIRNAME,
@@ -259,3 +260,40 @@ def _load_failure(exc: BaseException) -> tuple[str, bool]:
         return "a file in it is damaged or not a torch file", False
     other = text.startswith(("Size mismatch", "Missing key in checkpoint")) or "size mismatch" in text
     return text.split(". ")[0][:300], other
+
+
+def load_resume_state(
+    cfg: dict,
+    *,
+    output_dir: Path,
+    model: nn.Module,
+    optimizer: Any,
+    lr_scheduler: Any,
+    logger: Any,
+    rank: int,
+) -> dict | None:
+    """What `resume:` asks for, loaded into `model`, `optimizer` and `lr_scheduler`; the recipe state.
+
+    `resume` false/null: None. `true`/`latest`: the newest checkpoint under `output_dir` (None, with a
+    `resume` event saying the run starts at step 0, when nothing was saved yet); a path: that one.
+    Rank 0 drops tracker rows past the checkpoint's step (the launcher does too; a hand-resumed run's
+    rows stay unique) and every resume logs a `resume` event. Returns the saved recipe state (step,
+    epoch, batches_in_epoch, ...); the recipe restores its own counters from it.
+    """
+    resume = cfg.get("resume", False)
+    if resume in (False, None, "false"):
+        return None
+    path = latest_checkpoint(output_dir) if resume in (True, "true", "latest") else Path(resume)
+    if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+        logger.event(0, "resume", f"no checkpoint under {output_dir}/checkpoints yet: starting at step 0")
+        return None
+    state = load_checkpoint(path, model=model, optimizer=optimizer)
+    if lr_scheduler is not None and state.get("lr_scheduler") is not None:
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+    run_id = os.environ.get("TUNEBENCH_RUN_ID")
+    if run_id and rank == 0:
+        from engine.tracking import truncate_metrics_after
+
+        truncate_metrics_after(run_id, int(state["step"]))
+    logger.event(int(state["step"]), "resume", f"resumed from {path.name}")
+    return state

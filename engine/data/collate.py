@@ -82,3 +82,12 @@ def padded_collate_dpo(
     out["rejected_position_ids"] = pos.clone()
     out["source_ids"] = torch.tensor([int(s.get("source_id", 0)) for s in batch], dtype=torch.long)
     return out
+
+
+def collate_for(dataset, *, pad_id: int):
+    """`packed_collate` for packed samples (they carry `document_ids`), else `padded_collate` with `pad_id`."""
+    from functools import partial
+
+    if len(dataset) and "document_ids" in dataset[0]:
+        return packed_collate
+    return partial(padded_collate, pad_id=pad_id)

@@ -28,26 +28,25 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Schema
+from engine.data.sampler import EpochBatchSampler
 from engine.modules.loss.kto import KTOLoss
-from engine.recipes._common import (
-    EpochBatchSampler,
-    LossIsNaN,
-    StopFlag,
+from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._fields import shared, shared_fields
+from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training.logprobs import token_logprobs
+from engine.training.model_setup import (
+    build_model,
+    build_tokenizer,
     check_sequence_length,
     check_vocab,
-    load_resume_state,
-    parse_dtype,
-    pick_device,
-    refuse_config_problems,
-    run_recipe_main,
-    set_seed,
+    reference_context,
 )
-from engine.recipes._fields import shared, shared_fields
-from engine.rl.logprobs import token_logprobs
-from engine.rl.policy import all_reduce_sum, build_model, rank_world, reference_context
+from engine.training.optimizer_setup import build_optimizer
+from engine.training.runtime import parse_dtype, pick_device, set_seed
+from engine.training.stop import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 
@@ -151,24 +150,14 @@ class DPORecipe:
         self.reference = None
         if not self.is_lora and not self.reference_free:  # full fine-tuning: a frozen copy of the start
             self.reference, _, _ = build_model(cfg["model"], cfg["checkpoint_dir"], trainable=False, **common)
-        self.tokenizer = self._setup_tokenizer()
+        self.tokenizer = build_tokenizer(cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
-        self.optimizer, self.lr_scheduler = self._setup_optimizer()
+        self.optimizer, self.lr_scheduler = build_optimizer(
+            self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
+        )
         self._maybe_resume()
         self.stop.install()
-
-    def _setup_tokenizer(self):
-        from engine.recipes._common import resolve_model_dir
-
-        node = self.cfg["tokenizer"]
-        if node is None:
-            raise ConfigError(
-                "missing", hint="add a tokenizer component (load_tokenizer with path)", field="tokenizer"
-            )
-        if isinstance(node, dict) and str(node.get("path")) == "demo":
-            return instantiate(node, path=str(resolve_model_dir("demo")))
-        return instantiate(node)
 
     def _setup_data(self) -> None:
         from engine.data import build_dataset
@@ -203,18 +192,6 @@ class DPORecipe:
             per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
-
-    def _setup_optimizer(self):
-        if "optimizer" not in self.cfg:
-            raise ConfigError(
-                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 5e-6}", field="optimizer"
-            )
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = instantiate(self.cfg["optimizer"], params)
-        scheduler = None
-        if self.cfg["lr_scheduler"] is not None:
-            scheduler = instantiate(self.cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
-        return optimizer, scheduler
 
     def _maybe_resume(self) -> None:
         state = load_resume_state(
@@ -343,7 +320,7 @@ class DPORecipe:
                 stats.zero_()
                 if step_in_epoch >= self.steps_per_epoch:
                     break
-                stop = self._stop_requested()
+                stop = self.stop.requested_anywhere(self.device)
                 if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
                     self.save_checkpoint()
                 if stop:
@@ -353,19 +330,14 @@ class DPORecipe:
             self.epoch += 1
             self.batches_in_epoch = 0
             self.save_checkpoint()
-            if self._stop_requested():
+            if self.stop.requested_anywhere(self.device):
                 log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
                 return 0
         return 0
 
-    def _stop_requested(self) -> bool:
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
-        return bool(all_reduce_sum(flag).item() > 0)
-
-    # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: PEFT adapters or an HF folder + optimizer + recipe state."""
-        from engine.rl.export import write_policy
+        from engine.checkpoint.export import write_model_folder
 
         state = {
             "epoch": self.epoch,
@@ -376,7 +348,7 @@ class DPORecipe:
         path = save_checkpoint(
             self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
             keep_last=self.keep_last,
-            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
                                 model_dir=self.model_dir, dtype=self.dtype),
         )  # fmt: skip
         self.logger.event(self.global_step, "checkpoint", str(path))
@@ -388,9 +360,9 @@ class DPORecipe:
             self.logger.close()
 
 
-def check_config(cfg: dict, recipe: str = "dpo") -> None:
+def check_config(cfg: dict) -> None:
     """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe=recipe)
+    refuse_config_problems(cfg, recipe="dpo")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

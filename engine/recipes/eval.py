@@ -26,7 +26,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, ConfigProblem, find_config, load_config
 from engine.config.schema import Field, Schema
-from engine.recipes._common import check_output_dir, parse_recipe_args
+from engine.recipes._entry import check_output_dir, parse_recipe_args
 from engine.recipes._fields import SHARED
 
 

@@ -26,17 +26,16 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from functools import partial
 from pathlib import Path
 
 import torch
 
 from engine.config import ConfigError, ConfigProblem
 from engine.config.schema import Field, Schema
-from engine.recipes._common import run_recipe_main
-from engine.recipes.grpo import CONFIG_SCHEMA as _SYNC
-from engine.recipes.grpo import GRPORecipe
+from engine.recipes._entry import refuse_config_problems, run_recipe_main
 from engine.rl.buffer import ReplayBuffer
+from engine.rl.grpo_trainer import GRPO_SCHEMA as _SYNC
+from engine.rl.grpo_trainer import GRPOTrainer
 
 
 def _staleness_problems(cfg: dict) -> list[ConfigProblem]:
@@ -88,8 +87,8 @@ CONFIG_SCHEMA = Schema(
 )
 
 
-class AsyncGRPORecipe(GRPORecipe):
-    """GRPO with Ray generator actors; training, logging and checkpoints are `GRPORecipe`'s.
+class AsyncGRPORecipe(GRPOTrainer):
+    """GRPO with Ray generator actors; training, logging and checkpoints are `GRPOTrainer`'s.
 
     Raises ConfigError for bad staleness/sync settings or an unreachable Ray cluster.
     """
@@ -138,7 +137,7 @@ class AsyncGRPORecipe(GRPORecipe):
         actor_cls = remote_generator_class(float(self.cfg["generator_num_cpus"]))
         tok_node = dict(self.cfg["tokenizer"])
         if str(tok_node.get("path")) == "demo":
-            from engine.recipes._common import resolve_model_dir
+            from engine.training.model_setup import resolve_model_dir
 
             tok_node["path"] = str(resolve_model_dir("demo"))
         settings = {
@@ -306,16 +305,14 @@ class AsyncGRPORecipe(GRPORecipe):
             ray.shutdown()
 
 
+def check_config(cfg: dict) -> None:
+    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
+    refuse_config_problems(cfg, recipe="grpo_async")
+
+
 def recipe_main(argv: list[str] | None = None) -> None:
     """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    from engine.recipes.dpo import check_config
-
-    run_recipe_main(
-        argv,
-        name="grpo_async",
-        recipe_cls=AsyncGRPORecipe,
-        check_config=partial(check_config, recipe="grpo_async"),
-    )
+    run_recipe_main(argv, name="grpo_async", recipe_cls=AsyncGRPORecipe, check_config=check_config)
 
 
 if __name__ == "__main__":

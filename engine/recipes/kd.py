@@ -23,25 +23,23 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Field, Schema
-from engine.recipes._common import (
-    EpochBatchSampler,
-    LossIsNaN,
-    StopFlag,
+from engine.data.sampler import EpochBatchSampler
+from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._fields import shared, shared_fields
+from engine.training.distributed import rank_world
+from engine.training.model_setup import (
+    build_model,
+    build_tokenizer,
     check_sequence_length,
     check_vocab,
-    forward_replaced,
-    load_resume_state,
-    parse_dtype,
-    pick_device,
     resolve_model_dir,
-    run_recipe_main,
-    set_seed,
 )
-from engine.recipes._fields import shared, shared_fields
-from engine.rl.policy import build_model, rank_world
+from engine.training.optimizer_setup import build_optimizer
+from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
+from engine.training.stop import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 
@@ -118,7 +116,7 @@ class KDRecipe:
 
     def setup(self) -> None:
         from engine.data import build_dataset
-        from engine.recipes.sft import _collate_for
+        from engine.data.collate import collate_for
         from engine.tracking import MetricLogger
 
         set_seed(self.seed)
@@ -143,13 +141,7 @@ class KDRecipe:
                 hint="distil between models that share a tokenizer",
                 field="teacher_model",
             )
-        node = cfg["tokenizer"]
-        if node is None:
-            raise ConfigError("missing", hint="add a tokenizer component", field="tokenizer")
-        if isinstance(node, dict) and str(node.get("path")) == "demo":
-            self.tokenizer = instantiate(node, path=str(resolve_model_dir("demo")))
-        else:
-            self.tokenizer = instantiate(node)
+        self.tokenizer = build_tokenizer(cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
@@ -161,7 +153,7 @@ class KDRecipe:
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
-            collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
+            collate_fn=collate_for(dataset, pad_id=self.tokenizer.pad_id),
         )
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
@@ -172,18 +164,9 @@ class KDRecipe:
         if cfg["max_steps_per_epoch"] is not None:
             per_epoch = min(per_epoch, int(cfg["max_steps_per_epoch"]))
         self.steps_per_epoch, self.total_steps = per_epoch, per_epoch * self.epochs
-        if "optimizer" not in cfg:
-            raise ConfigError(
-                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-4}", field="optimizer"
-            )
-        self.optimizer = instantiate(
-            cfg["optimizer"], [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.lr_scheduler = build_optimizer(
+            self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
         )
-        self.lr_scheduler = None
-        if cfg["lr_scheduler"] is not None:
-            self.lr_scheduler = instantiate(
-                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps
-            )
         self.loss_fn = instantiate(cfg["loss"] or {"_component_": "engine.modules.loss.KDLoss"})
         self._maybe_resume()
         self.stop.install()
@@ -285,7 +268,7 @@ class KDRecipe:
 
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the student (adapters or HF folder), optimizer, state."""
-        from engine.rl.export import write_policy
+        from engine.checkpoint.export import write_model_folder
 
         state = {
             "epoch": self.epoch,
@@ -296,7 +279,7 @@ class KDRecipe:
         path = save_checkpoint(
             self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
             keep_last=self.keep_last,
-            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
                                 model_dir=self.model_dir, dtype=self.dtype),
         )  # fmt: skip
         self.logger.event(self.global_step, "checkpoint", str(path))
@@ -308,11 +291,14 @@ class KDRecipe:
             self.logger.close()
 
 
+def check_config(cfg: dict) -> None:
+    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
+    refuse_config_problems(cfg, recipe="kd")
+
+
 def recipe_main(argv: list[str] | None = None) -> None:
     """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    from engine.recipes.dpo import check_config
-
-    run_recipe_main(argv, name="kd", recipe_cls=KDRecipe, check_config=partial(check_config, recipe="kd"))
+    run_recipe_main(argv, name="kd", recipe_cls=KDRecipe, check_config=check_config)
 
 
 if __name__ == "__main__":

@@ -36,24 +36,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.schema import REQUIRED, Field, Schema
-from engine.recipes._common import (
-    EpochBatchSampler,
-    LossIsNaN,
-    StopFlag,
-    build_tokenizer,
-    check_vocab,
-    load_resume_state,
-    parse_dtype,
-    pick_device,
-    refuse_config_problems,
-    run_recipe_main,
-    set_seed,
-)
+from engine.data.sampler import EpochBatchSampler
+from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields
-from engine.rl.policy import build_model, rank_world
+from engine.training.distributed import rank_world
+from engine.training.model_setup import build_model, build_tokenizer, check_vocab
+from engine.training.runtime import parse_dtype, pick_device, set_seed
+from engine.training.stop import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -448,10 +440,10 @@ class PPORecipe:
 
     def train_on(self, ro: dict) -> dict[str, float]:
         """Old/reference log-probs, values, KL-shaped rewards, GAE, then `ppo_epochs` x minibatch steps."""
-        from engine.rl.logprobs import token_logprobs
-        from engine.rl.policy import reference_context
         from engine.rl.ppo import gae, kl_penalised_rewards, masked_mean, whiten
         from engine.training import clip_grad_norm
+        from engine.training.logprobs import token_logprobs
+        from engine.training.model_setup import reference_context
 
         tokens, labels, mask = ro["tokens"], ro["labels"], ro["mask"]
         lp = {"temperature": self.temperature}
@@ -583,7 +575,7 @@ class PPORecipe:
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the policy (adapters or HF folder) in `model/`, policy and
         value weights + optimizer in `state/`, recipe state (KL coefficient, sampler, generator)."""
-        from engine.rl.export import write_policy
+        from engine.checkpoint.export import write_model_folder
 
         state = {
             "epoch": self.epoch,
@@ -596,7 +588,7 @@ class PPORecipe:
         path = save_checkpoint(
             self.output_dir, self.global_step, model=self.trainable, optimizer=self.optimizer,
             recipe_state=state, keep_last=self.keep_last,
-            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=self.is_lora,
+            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
                                 model_dir=self.model_dir, dtype=self.dtype),
         )  # fmt: skip
         self.logger.event(self.global_step, "checkpoint", str(path))

@@ -27,25 +27,16 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Field, Schema
-from engine.recipes._common import (
-    EpochBatchSampler,
-    LossIsNaN,
-    StopFlag,
-    build_tokenizer,
-    check_sequence_length,
-    check_vocab,
-    load_resume_state,
-    parse_dtype,
-    pick_device,
-    refuse_config_problems,
-    run_recipe_main,
-    set_seed,
-)
+from engine.data.sampler import EpochBatchSampler
+from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields
-from engine.rl.policy import all_reduce_sum, build_model, rank_world
+from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training.model_setup import build_model, build_tokenizer, check_sequence_length, check_vocab
+from engine.training.runtime import parse_dtype, pick_device, set_seed
+from engine.training.stop import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -391,8 +382,8 @@ class RewardModelRecipe:
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: a HF *ForSequenceClassification folder + optimizer + state."""
+        from engine.checkpoint.export import write_model_folder
         from engine.models.hf_config import num_labels_of, read_hf_config
-        from engine.rl.export import write_policy
 
         # The source's layout only when it is itself a reward model (a causal LM's has lm_head, no score).
         like = (
@@ -409,7 +400,7 @@ class RewardModelRecipe:
         path = save_checkpoint(
             self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
             keep_last=self.keep_last,
-            write_model=partial(write_policy, self.model, self.cfg["model"], is_lora=False, model_dir=like,
+            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=False, model_dir=like,
                                 dtype=self.dtype),
         )  # fmt: skip
         self.logger.event(self.global_step, "checkpoint", str(path))

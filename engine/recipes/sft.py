@@ -24,35 +24,32 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from engine.checkpoint.recipe_state import save_checkpoint
+from engine.checkpoint.export import write_merged_model, write_model_folder
+from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.schema import Field, Schema
+from engine.data.collate import collate_for
+from engine.data.sampler import EpochBatchSampler
 from engine.modules.moe import weighted_aux_loss
-from engine.recipes._common import (
-    EpochBatchSampler,
-    LossIsNaN,
-    StopFlag,
-    check_sequence_length,
-    check_vocab,
-    forward_replaced,
-    load_resume_state,
-    parse_dtype,
-    pick_device,
-    refuse_config_problems,
-    resolve_model_dir,
-    run_recipe_main,
-    set_seed,
-)
+from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
+from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training.model_setup import (
+    build_model,
+    build_tokenizer,
+    check_sequence_length,
+    check_vocab,
+)
+from engine.training.optimizer_setup import build_optimizer
+from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
+from engine.training.stop import StopFlag
 
 
 def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:
@@ -178,18 +175,6 @@ CONFIG_SCHEMA = Schema(
 )
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
 class SFTRecipe:
     """Supervised fine-tuning, one class: `setup(cfg)`, `train()`, `save_checkpoint()`, `cleanup()`.
 
@@ -202,7 +187,7 @@ class SFTRecipe:
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
         self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.dist_info = dist_info
-        self.rank, self.world_size = _rank_world()
+        self.rank, self.world_size = rank_world()
         if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
             raise wrong
         # One mesh (dp_replicate, dp_shard, cp, tp): batches are split over the dp = dp_replicate x
@@ -253,77 +238,44 @@ class SFTRecipe:
             mode = "; loss parallel (vocab-sharded logits)" if self.loss_parallel else ""
             self.logger.event(0, "mesh", f"{self.dims.describe()}{mode}")
         # The tokenizer next: datasets tokenize with it and the collate pads with its pad id.
-        self.tokenizer = self._setup_tokenizer()
+        self.tokenizer = build_tokenizer(self.cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         # The data before the optimizer: the LR schedule needs the number of steps per epoch.
         self._setup_data()
-        self.optimizer, self.lr_scheduler = self._setup_optimizer()
+        self.optimizer, self.lr_scheduler = build_optimizer(
+            self.model, self.cfg["optimizer"], self.cfg["lr_scheduler"], num_training_steps=self.total_steps,
+            in_backward=self.optimizer_in_bwd,
+        )  # fmt: skip
         self.loss_fn = self._setup_loss()
         # Resume last: it fills model, optimizer, scheduler, RNG and data position in place.
         self._maybe_resume()
         self.stop.install()
 
     def _setup_model(self) -> nn.Module:
-        """Build the model, load the starting weights, choose trainable parameters, parallelize.
-
-        One process: the model is built and loaded directly. Several: every rank builds it on `meta`
-        (no memory), `parallelize` shards it, and the sharded parameters are filled from the full
-        weights that rank 0 alone builds (`materialize_model` broadcasts them).
-        """
+        """Build the model, load the starting weights, choose trainable parameters, parallelize
+        (`build_model`: on several processes built on `meta`, sharded, filled from rank 0)."""
         from engine.modules.moe import moe_layers
-        from engine.modules.peft.utils import get_adapter_params, set_trainable_params
-        from engine.training import materialize_model, parallelize
         from engine.training.expert_parallel import expert_mesh as build_expert_mesh
 
         cfg = self.cfg
-        ckpt = cfg["checkpoint_dir"]
-        self.model_dir = resolve_model_dir(ckpt) if ckpt is not None else None
-        # QLoRA on several ranks: pure tensor parallelism, the NF4 base replicated on every rank (see
-        # engine.training.tensor_parallel), so each rank builds the whole model itself (same seed).
-        replicated = False
-        if self.world_size > 1:
-            with torch.device("meta"):
-                model = instantiate(cfg["model"])
-            if any(getattr(m, "quantize_base", False) for m in model.modules()):
-                if self.world_size != self.tp:
-                    raise ConfigError.from_problem(
-                        _qlora_problems({**cfg, "model": {"quantize_base": True}}, self.world_size)[0]
-                    )
-                replicated = True
-                model = self._build_initialised_model().to(device=self.device)
-        else:
-            model = self._build_initialised_model()
+        if self.world_size > 1 and (nf4 := _qlora_problems(cfg, self.world_size)):
+            raise ConfigError.from_problem(nf4[0])  # QLoRA on several ranks: pure tensor parallelism only
+        ac, every_k = cfg["enable_activation_checkpointing"], cfg["ac_every_k"]
+        # QLoRA on several ranks under pure TP: the NF4 base replicated on every rank (see
+        # engine.training.tensor_parallel), each rank builds the whole model itself (same seed).
+        model, self.is_lora, self.model_dir = build_model(
+            cfg["model"], cfg["checkpoint_dir"], dtype=self.dtype, seed=self.seed, device=self.device,
+            trainable=True, mesh=self._mesh(), activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
+            compile=cfg["compile"], fsdp_cfg=cfg["fsdp"],
+            expert_mesh=build_expert_mesh(self.world_size, self.ep, self.device.type) if self.ep > 1 else None,
+            replicate_quantized=self.world_size == self.tp,
+        )  # fmt: skip
         # Under TP an untied output is vocab-sharded: loss parallel replaces the configured loss.
         self.loss_parallel = self.tp > 1 and getattr(model, "output", None) is not None
-        adapters = get_adapter_params(model)
-        self.is_lora = bool(adapters)
         self.is_moe = bool(moe_layers(model))
-        if self.is_lora:
-            set_trainable_params(model, adapters.keys())
-        ac = bool(cfg["enable_activation_checkpointing"])
-        every_k = int(cfg["ac_every_k"])
-        fsdp_cfg = dict(cfg["fsdp"] or {})
-        model = parallelize(
-            model,
-            mesh=self._mesh(),
-            activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,
-            compile=bool(cfg["compile"]),
-            fsdp=self.world_size > 1 and not replicated,
-            reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-            cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
-            expert_mesh=build_expert_mesh(self.world_size, self.ep, self.device.type)
-            if self.ep > 1
-            else None,
-        )
         if self.ep > 1 and self.rank == 0:
             experts = moe_layers(model)[0].num_experts
             print(f"expert parallel: {experts} experts over {self.ep} ranks ({experts // self.ep} per rank)")
-        if self.world_size > 1 and not replicated:
-            full = self._build_initialised_model().state_dict() if self.rank == 0 else {}
-            materialize_model(model, device=self.device, state_dict=full, broadcast_from_rank0=True)
-            del full
-        else:
-            model.to(device=self.device)
         self.offload = contextlib.nullcontext()
         if cfg["enable_activation_offloading"]:
             from engine.training import ActivationOffloading
@@ -337,34 +289,12 @@ class SFTRecipe:
             self.offload = ActivationOffloading(model)
         return model
 
-    def _build_initialised_model(self) -> nn.Module:
-        """The full model on CPU with its starting weights (`checkpoint_dir`, or a seeded random init)."""
-        torch.manual_seed(self.seed)
-        if self.model_dir is None:
-            return instantiate(self.cfg["model"]).to(dtype=self.dtype)
-        from engine.checkpoint import load_hf_weights
-
-        with torch.device("meta"):
-            model = instantiate(self.cfg["model"])
-        # Loading also materialises what the folder lacks: LoRA adapters (seeded above), NF4 bases.
-        return load_hf_weights(model, self.model_dir, dtype=self.dtype)
-
     def _mesh(self):
         if self.world_size == 1:
             return None
         from engine.training import build_world_mesh
 
         return build_world_mesh(self.dist_info, self.dims)
-
-    def _setup_tokenizer(self):
-        node = self.cfg["tokenizer"]
-        if node is None:
-            raise ConfigError(
-                "missing", hint="add a tokenizer component (load_tokenizer with path)", field="tokenizer"
-            )
-        if isinstance(node, dict) and str(node.get("path")) == "demo":
-            return instantiate(node, path=str(resolve_model_dir("demo")))  # the embedded model's tokenizer
-        return instantiate(node)
 
     def _setup_data(self) -> None:
         """Training split, optional held-out split, the resumable sampler and the loaders."""
@@ -409,36 +339,12 @@ class SFTRecipe:
         return DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=_collate_for(dataset, pad_id=self.tokenizer.pad_id),
+            collate_fn=collate_for(dataset, pad_id=self.tokenizer.pad_id),
             num_workers=int(self.cfg["num_workers"]),
             # Its own generator: each new iterator draws a worker seed, which must not advance the
             # global RNG (dropout) differently in a resumed run than in an uninterrupted one.
             generator=torch.Generator().manual_seed(self.seed),
         )
-
-    def _setup_optimizer(self):
-        cfg = self.cfg
-        if "optimizer" not in cfg:
-            raise ConfigError(
-                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 2e-5}", field="optimizer"
-            )
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params:
-            raise ConfigError(
-                "nothing to train (no parameter requires grad)",
-                hint="check the model component",
-                field="model",
-            )
-        if self.optimizer_in_bwd:
-            from engine.training.optimizer_in_backward import setup_optimizer_in_backward
-
-            optimizer = setup_optimizer_in_backward(self.model, cfg["optimizer"])
-        else:
-            optimizer = instantiate(cfg["optimizer"], params)
-        scheduler = None
-        if cfg["lr_scheduler"] is not None:
-            scheduler = instantiate(cfg["lr_scheduler"], optimizer, num_training_steps=self.total_steps)
-        return optimizer, scheduler
 
     def _setup_loss(self) -> nn.Module:
         from engine.modules.loss import LinearCrossEntropyLoss
@@ -539,7 +445,7 @@ class SFTRecipe:
                 loss_tokens = (labels != -100).sum()
                 if self.optimizer_in_bwd:
                     # The update happens inside backward, so the step's normaliser is needed first.
-                    step_tokens = _all_reduce_sum(loss_tokens.detach().double().clone()) / self.tp
+                    step_tokens = all_reduce_sum(loss_tokens.detach().double().clone()) / self.tp
                 loss_sum, per_token = self._token_losses(batch)
                 stats[0] += loss_sum.detach().double()  # the cross-entropy alone: `loss`
                 aux = weighted_aux_loss(self.model, pooled=self.world_size > 1) if self.is_moe else None
@@ -565,7 +471,7 @@ class SFTRecipe:
                     continue
 
                 # ---- one optimizer step -------------------------------------------------------
-                _all_reduce_sum(stats)
+                all_reduce_sum(stats)
                 totals = (stats / self.tp).tolist()  # the step's one host sync; tp ranks counted once
                 step_loss = totals[0] / max(totals[1], 1.0)
                 if not math.isfinite(step_loss):
@@ -620,7 +526,7 @@ class SFTRecipe:
                     self.validate()
                 if step_in_epoch >= self.steps_per_epoch:
                     break  # the epoch-end checkpoint below covers this step
-                stop = self._stop_requested()
+                stop = self.stop.requested_anywhere(self.device)
                 if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
                     self.save_checkpoint()
                 if stop:
@@ -631,16 +537,12 @@ class SFTRecipe:
             self.epoch += 1
             self.batches_in_epoch = 0
             self.save_checkpoint()
-            if self._stop_requested():
+            if self.stop.requested_anywhere(self.device):
                 log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
                 return 0
         if self.cfg["save_merged_model"] and self.is_lora:
             self._save_merged()
         return 0
-
-    def _stop_requested(self) -> bool:
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
-        return bool(_all_reduce_sum(flag).item() > 0)
 
     @torch.no_grad()
     def validate(self) -> float:
@@ -655,7 +557,7 @@ class SFTRecipe:
             loss_sum, _ = self._token_losses(batch)
             totals[0] += loss_sum.double()
             totals[1] += (batch["labels"] != -100).sum()
-        _all_reduce_sum(totals)
+        all_reduce_sum(totals)
         totals /= self.tp
         self.model.train()
         val = (totals[0] / totals[1].clamp(min=1)).item()
@@ -684,62 +586,20 @@ class SFTRecipe:
         self.logger.event(self.global_step, "checkpoint", str(path))
         return path
 
-    def _unsharded_model(self) -> nn.Module:
-        """A plain module holding the full weights, for export: the model itself on one process;
-        on several, a `meta`-built copy filled (on rank 0) from the gathered state (a collective)."""
-        if self.world_size == 1:
-            return self.model
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        if self.rank != 0:
-            return None
-        with torch.device("meta"):
-            shell = instantiate(self.cfg["model"])
-        shell.load_state_dict(full, strict=False, assign=True)
-        return shell
-
-    def _export_dtype(self) -> torch.dtype | None:
-        return None if self.model_dir is not None else self.dtype
-
     def _write_model(self, folder: Path) -> None:
         """`model/`: PEFT adapters for LoRA runs, a Hugging Face model folder for full fine-tuning."""
-        from engine.checkpoint import save_pretrained
-        from engine.checkpoint.peft import save_adapters
-
-        model = self._unsharded_model()
-        if self.rank != 0:
-            return
-        if self.is_lora:
-            save_adapters(model, folder, base_model_dir=self.model_dir)
-        else:
-            save_pretrained(model, folder, like=self.model_dir, dtype=self._export_dtype())
+        write_model_folder(self.model, self.cfg["model"], folder, is_lora=self.is_lora, model_dir=self.model_dir,
+                           dtype=self.dtype)  # fmt: skip
 
     def _save_merged(self) -> None:
         """`output_dir/merged/`: adapters folded into the base, a Hugging Face folder."""
-        from engine.checkpoint.peft import save_merged_model
-
-        model = self._unsharded_model()
-        if self.rank == 0:
-            save_merged_model(
-                model, self.output_dir / "merged", like=self.model_dir, dtype=self._export_dtype()
-            )
+        write_merged_model(self.model, self.cfg["model"], self.output_dir / "merged", model_dir=self.model_dir,
+                           dtype=self.dtype)  # fmt: skip
 
     def cleanup(self) -> None:
         if self.logger is not None:
             self.logger.flush()
             self.logger.close()
-
-
-def _collate_for(dataset: Dataset, *, pad_id: int):
-    """`packed_collate` for packed samples (they carry `document_ids`), else `padded_collate`."""
-    from engine.data.collate import packed_collate, padded_collate
-
-    if len(dataset) and "document_ids" in dataset[0]:
-        return packed_collate
-    return partial(padded_collate, pad_id=pad_id)
 
 
 def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:

@@ -22,7 +22,7 @@
    while that one product runs).
 
 The allocator setting is process-wide and cannot be undone, so it is its own explicit call:
-`keep_freed_memory_for_cpu_training(device)`, made once by `engine.recipes._common.run_recipe_main`
+`keep_freed_memory_for_cpu_training(device)`, made once by `engine.recipes._entry.run_recipe_main`
 before training (and by bench/sft_throughput.py), which logs what it did. `cpu_fast_paths(device, dtype,
 compile=...)` is the matmul mode only, for the block it wraps: a bf16 CPU run on such a CPU gets it
 (unless the blocks are `torch.compile`d: inductor then picks its own kernels and a dispatch mode would

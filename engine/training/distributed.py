@@ -140,3 +140,17 @@ def record_exit_code(code: int) -> None:
         os.replace(tmp, path / f"rank{rank}")
     except OSError as exc:
         print(f"warning: could not record the exit code in {folder}: {exc}", file=sys.stderr)
+
+
+def rank_world() -> tuple[int, int]:
+    """`(rank, world_size)` of this process; `(0, 1)` without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum `t` over ranks in place (a no-op on one process); returns it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

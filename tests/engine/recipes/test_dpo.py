@@ -100,7 +100,7 @@ def test_sft_dataset_is_refused_with_one_line(shared_assets, tmp_path):
 
 def test_sequence_logps_equal_a_full_logits_reference():
     from engine.models.llama3 import llama3_tiny
-    from engine.rl.logprobs import token_logprobs
+    from engine.training.logprobs import token_logprobs
 
     torch.manual_seed(0)
     model = llama3_tiny()

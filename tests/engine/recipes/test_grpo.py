@@ -40,10 +40,9 @@ def grpo_config(out, **over):
 
 
 def run(cfg):
-    from engine.recipes.dpo import check_config
-    from engine.recipes.grpo import GRPORecipe
+    from engine.recipes.grpo import GRPORecipe, check_config
 
-    check_config(cfg, recipe="grpo")
+    check_config(cfg)
     previous = signal.getsignal(signal.SIGTERM)
     recipe = GRPORecipe(cfg)
     try:
@@ -73,7 +72,7 @@ def test_mean_reward_rises_on_digit_successor(tmp_path):
 
 
 def test_rollout_batch_labels_score_exactly_the_completion():
-    from engine.recipes.grpo import rollout_batch
+    from engine.rl.rollout import rollout_batch
 
     tokens, labels, mask = rollout_batch([[1, 5, 6], [1, 7]], [[8, 2], [9]], pad_id=0)
     assert tokens.tolist() == [[1, 5, 6, 8, 2], [1, 7, 9, 0, 0]]
@@ -83,7 +82,7 @@ def test_rollout_batch_labels_score_exactly_the_completion():
 
 def test_user_reward_function_by_dotted_path_and_bad_reward(tmp_path):
     from engine.config import ConfigError
-    from engine.recipes.grpo import score
+    from engine.rl.rollout import score
 
     total, per = score(
         {"fmt": {"_component_": "engine.rl.rewards.format_reward", "pattern": "^9"},

@@ -28,10 +28,9 @@ def kd_config(assets, out, **over):
 
 
 def run(cfg):
-    from engine.recipes.dpo import check_config
-    from engine.recipes.kd import KDRecipe
+    from engine.recipes.kd import KDRecipe, check_config
 
-    check_config(cfg, recipe="kd")
+    check_config(cfg)
     previous = signal.getsignal(signal.SIGTERM)
     recipe = KDRecipe(cfg)
     try:

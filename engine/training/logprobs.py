@@ -30,7 +30,7 @@ def token_logprobs(
     The vocabulary projection runs `chunk_size` positions at a time and is recomputed in backward, so
     at most one `[B, chunk_size, V]` block exists. Calls the module (FSDP2 hooks stay in the path).
     """
-    from engine.recipes._common import forward_replaced
+    from engine.training.runtime import forward_replaced
 
     def hidden_then_logps(toks, **kw):
         hidden = model.forward_hidden(toks, **kw)  # [B,S,D]
