@@ -17,6 +17,9 @@ accumulation 2, and tp=2 or cp=2 on batch 4 are the same run.
 
 Exit codes: 0 finished or stopped by SIGTERM (a checkpoint is written first), 1 loss became NaN/inf
 (`loss is nan at step N` on stderr; the last good checkpoint stays), 2 bad config (one line).
+
+Length: over 500 lines because it holds the recipe's whole config declaration (`CONFIG_SCHEMA`, ~110
+lines, one Field per key) next to the one training loop that reads it; the plumbing is in engine/training.
 """
 
 from __future__ import annotations
