@@ -63,6 +63,16 @@ class ConfigError(Exception):
         field = "" if problem.field == "<config>" else problem.field
         return cls(problem.message, field=field, hint=problem.hint + more, label=problem.field)
 
+    @classmethod
+    def from_problems(cls, problems: list[ConfigProblem]) -> ConfigError:
+        """The first of several problems, saying how many more `tunebench validate` lists."""
+        more = (
+            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
+            if len(problems) > 1
+            else ""
+        )
+        return cls.from_problem(problems[0], more=more)
+
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the closest choice, or "" when nothing is close."""

@@ -268,12 +268,7 @@ class Schema:
         many more `tunebench validate` lists."""
         problems = self.problems(cfg)
         if problems:
-            more = (
-                f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
-                if len(problems) > 1
-                else ""
-            )
-            raise ConfigError.from_problem(problems[0], more=more)
+            raise ConfigError.from_problems(problems)
         return self.fill(cfg)
 
     def nproc_problem(self, nproc: int, cfg: Mapping, *, recipe: str = "this") -> str | None:

@@ -128,12 +128,7 @@ def refuse_config_problems(cfg: dict, *, recipe: str) -> None:
 
     problems = validate(cfg, recipe=recipe)
     if problems:
-        more = (
-            f" (and {len(problems) - 1} more: tunebench validate CONFIG lists them)"
-            if len(problems) > 1
-            else ""
-        )
-        raise ConfigError.from_problem(problems[0], more=more)
+        raise ConfigError.from_problems(problems)
 
 
 class LossIsNaN(RuntimeError):
