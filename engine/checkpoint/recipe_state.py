@@ -297,3 +297,27 @@ def load_resume_state(
         truncate_metrics_after(run_id, int(state["step"]))
     logger.event(int(state["step"]), "resume", f"resumed from {path.name}")
     return state
+
+
+def save_training_checkpoint(recipe: Any, state: dict) -> Path:
+    """`output_dir/checkpoints/step_<N>/` of a training recipe, atomically: its `model/` folder (PEFT
+    adapters or a Hugging Face folder, `engine.checkpoint.export.write_model_folder`), the optimizer,
+    `state` plus the LR schedule's state; logs a `checkpoint` event. Returns the folder.
+
+    `recipe` is any training recipe: it has `output_dir`, `global_step`, `model`, `optimizer`,
+    `lr_scheduler`, `cfg["model"]`, `is_lora`, `model_dir`, `dtype`, `keep_last` and `logger`.
+    """
+    from functools import partial
+
+    from engine.checkpoint.export import write_model_folder
+
+    scheduler = recipe.lr_scheduler
+    path = save_checkpoint(
+        recipe.output_dir, recipe.global_step, model=recipe.model, optimizer=recipe.optimizer,
+        recipe_state={**state, "lr_scheduler": scheduler.state_dict() if scheduler is not None else None},
+        keep_last=recipe.keep_last,
+        write_model=partial(write_model_folder, recipe.model, recipe.cfg["model"], is_lora=recipe.is_lora,
+                            model_dir=recipe.model_dir, dtype=recipe.dtype),
+    )  # fmt: skip
+    recipe.logger.event(recipe.global_step, "checkpoint", str(path))
+    return path

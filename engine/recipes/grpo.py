@@ -21,6 +21,7 @@ asynchronous recipe, `grpo_async`, spreads generation over Ray actors). Exit cod
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from engine.recipes._entry import refuse_config_problems, run_recipe_main
 from engine.rl.grpo_trainer import GRPO_SCHEMA, GRPOTrainer
@@ -68,9 +69,8 @@ class GRPORecipe(GRPOTrainer):
         return 0
 
 
-def check_config(cfg: dict) -> None:
-    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe="grpo")
+# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
+check_config = partial(refuse_config_problems, recipe="grpo")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -305,9 +306,8 @@ class AsyncGRPORecipe(GRPOTrainer):
             ray.shutdown()
 
 
-def check_config(cfg: dict) -> None:
-    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe="grpo_async")
+# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
+check_config = partial(refuse_config_problems, recipe="grpo_async")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
@@ -267,23 +267,15 @@ class KDRecipe:
         return 0
 
     def save_checkpoint(self) -> Path:
-        """`output_dir/checkpoints/step_<N>/`: the student (adapters or HF folder), optimizer, state."""
-        from engine.checkpoint.export import write_model_folder
-
-        state = {
-            "epoch": self.epoch,
-            "batches_in_epoch": self.batches_in_epoch,
-            "tokens_total": self.tokens_total,
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-        }
-        path = save_checkpoint(
-            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
-            keep_last=self.keep_last,
-            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
-                                model_dir=self.model_dir, dtype=self.dtype),
-        )  # fmt: skip
-        self.logger.event(self.global_step, "checkpoint", str(path))
-        return path
+        """`output_dir/checkpoints/step_<N>/`: the model (adapters or an HF folder), optimizer, recipe state."""
+        return save_training_checkpoint(
+            self,
+            {
+                "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch,
+                "tokens_total": self.tokens_total,
+            },
+        )
 
     def cleanup(self) -> None:
         if self.logger is not None:
@@ -291,9 +283,8 @@ class KDRecipe:
             self.logger.close()
 
 
-def check_config(cfg: dict) -> None:
-    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe="kd")
+# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
+check_config = partial(refuse_config_problems, recipe="kd")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

@@ -27,14 +27,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from engine.checkpoint.export import write_merged_model, write_model_folder
-from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
+from engine.checkpoint.export import write_merged_model
+from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.schema import Field, Schema
 from engine.data.collate import collate_for
@@ -570,29 +571,15 @@ class SFTRecipe:
 
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Write `output_dir/checkpoints/step_<N>/` (model or adapters + recipe state), atomically."""
-        state = {
-            "epoch": self.epoch,
-            "batches_in_epoch": self.batches_in_epoch,
-            "tokens_total": self.tokens_total,
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-        }
-        path = save_checkpoint(
-            self.output_dir,
-            self.global_step,
-            model=self.model,
-            optimizer=self.optimizer,
-            recipe_state=state,
-            keep_last=self.keep_last,
-            write_model=self._write_model,
+        """`output_dir/checkpoints/step_<N>/`: the model (adapters or an HF folder), optimizer, recipe state."""
+        return save_training_checkpoint(
+            self,
+            {
+                "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch,
+                "tokens_total": self.tokens_total,
+            },
         )
-        self.logger.event(self.global_step, "checkpoint", str(path))
-        return path
-
-    def _write_model(self, folder: Path) -> None:
-        """`model/`: PEFT adapters for LoRA runs, a Hugging Face model folder for full fine-tuning."""
-        write_model_folder(self.model, self.cfg["model"], folder, is_lora=self.is_lora, model_dir=self.model_dir,
-                           dtype=self.dtype)  # fmt: skip
 
     def _save_merged(self) -> None:
         """`output_dir/merged/`: adapters folded into the base, a Hugging Face folder."""
@@ -619,13 +606,8 @@ def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dat
     return train, val
 
 
-def check_config(cfg: dict) -> None:
-    """Refuse a config with problems (unknown keys, components, arguments) before anything is built.
-
-    Raises:
-        ConfigError: the first problem, and how many more `tunebench validate` would list.
-    """
-    refuse_config_problems(cfg, recipe="sft")
+# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
+check_config = partial(refuse_config_problems, recipe="sft")
 
 
 def recipe_main(argv: list[str] | None = None) -> None:

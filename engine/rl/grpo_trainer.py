@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
@@ -376,24 +375,10 @@ class GRPOTrainer:
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: policy (adapters or HF folder), optimizer, recipe state."""
-
-        from engine.checkpoint.export import write_model_folder
-
-        state = {
-            "epoch": self.epoch,
-            "batches_in_epoch": self.batches_in_epoch,
-            "optimizer_steps": self.optimizer_steps,
-            "generator": self.generator.get_state(),
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-        }
-        path = save_checkpoint(
-            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
-            keep_last=self.keep_last,
-            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
-                                model_dir=self.model_dir, dtype=self.dtype),
+        return save_training_checkpoint(
+            self, {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
+                   "optimizer_steps": self.optimizer_steps, "generator": self.generator.get_state()},
         )  # fmt: skip
-        self.logger.event(self.global_step, "checkpoint", str(path))
-        return path
 
     def cleanup(self) -> None:
         if self.logger is not None:
