@@ -115,7 +115,7 @@ def check_expert_parallel(cfg: dict, world_size: int) -> int:
     """The expert-parallel degree of `cfg`. Raises ConfigError: the first problem."""
     problems = expert_parallel_problems(cfg, world_size)
     if problems:
-        raise ConfigError(str(problems[0]), field=problems[0].field)
+        raise ConfigError.from_problem(problems[0])
     return int(cfg.get(CONFIG_KEY) or 1)
 
 
@@ -195,12 +195,13 @@ def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh, *, dp_size: int) -
     ep = ep_mesh.size()
     layers = moe_layers(model)
     if not layers:
-        raise ConfigError(f"{CONFIG_KEY}: the model has no experts — set {CONFIG_KEY}=1", field=CONFIG_KEY)
+        raise ConfigError("the model has no experts", hint=f"set {CONFIG_KEY}=1", field=CONFIG_KEY)
     for moe in layers:
         experts = moe.experts
         if experts.num_experts % ep:
             raise ConfigError(
-                f"{CONFIG_KEY}: {ep} does not divide {experts.num_experts} experts — choose a divisor",
+                f"{ep} does not divide {experts.num_experts} experts",
+                hint="choose a divisor",
                 field=CONFIG_KEY,
             )
         for name, param in list(experts.named_parameters(recurse=False)):
