@@ -232,34 +232,37 @@ class PPORecipe:
         self.gamma, self.lam = float(cfg.get("gamma", 1.0)), float(cfg.get("lam", 0.95))
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{key}: must be in [0, 1], got {value}", field=key)
+                raise ConfigError(f"must be in [0, 1], got {value}", field=key)
         rows = self.batch_size * self.num_samples
         self.minibatch_size = int(cfg.get("minibatch_size") or rows)
         if self.temperature <= 0:
-            raise ConfigError("temperature: PPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
+            raise ConfigError("PPO samples, so it must be > 0 (e.g. 1.0)", field="temperature")
         if rows % self.minibatch_size:
             raise ConfigError(
-                f"minibatch_size: {self.minibatch_size} does not divide batch_size * num_samples = {rows} "
-                f"— use a divisor of {rows}, or null for all {rows} in one step",
+                f"{self.minibatch_size} does not divide batch_size * num_samples = {rows}",
+                hint=f"use a divisor of {rows}, or null for all {rows} in one step",
                 field="minibatch_size",
             )
         self.reward_nodes = dict(cfg.get("rewards") or {})
         self.reward_weights = dict(cfg.get("reward_weights") or {})
         if not self.reward_nodes and cfg.get("reward_model") is None:
             raise ConfigError(
-                "reward_model: PPO needs a reward — set reward_model + reward_checkpoint_dir (a trained reward "
+                "PPO needs a reward",
+                hint="set reward_model + reward_checkpoint_dir (a trained reward "
                 "model), or rewards: {name: {_component_: engine.rl.rewards.math_reward}}",
                 field="reward_model",
             )
         if cfg.get("reward_model") is not None and not cfg.get("reward_checkpoint_dir"):
             raise ConfigError(
-                "reward_checkpoint_dir: missing — point it at a trained reward model (a reward_model run's "
+                "missing",
+                hint="point it at a trained reward model (a reward_model run's "
                 "checkpoints/step_<N>/model/ or a *ForSequenceClassification folder)",
                 field="reward_checkpoint_dir",
             )
         if "value_model" not in cfg:
             raise ConfigError(
-                "value_model: missing — add {_component_: engine.models.reward.reward_model, decoder: "
+                "missing",
+                hint="add {_component_: engine.models.reward.reward_model, decoder: "
                 "{_component_: <the policy's builder>}}",
                 field="value_model",
             )
@@ -305,7 +308,8 @@ class PPORecipe:
                 self.reward_model, "fresh_score_head", False
             ):
                 raise ConfigError(
-                    f"reward_checkpoint_dir: {cfg['reward_checkpoint_dir']} holds no trained score head — train one "
+                    f"{cfg['reward_checkpoint_dir']} holds no trained score head",
+                    hint="train one "
                     "with the reward_model recipe, and use reward_model: {_component_: engine.models.reward.reward_model}",
                     field="reward_checkpoint_dir",
                 )
@@ -322,7 +326,8 @@ class PPORecipe:
         )
         if not isinstance(self.value_model, ScoreDecoder):
             raise ConfigError(
-                "value_model: needs a score head — use {_component_: engine.models.reward.reward_model, decoder: ...}",
+                "needs a score head",
+                hint="use {_component_: engine.models.reward.reward_model, decoder: ...}",
                 field="value_model",
             )
         for p in self.value_model.score.parameters():  # LoRA value model: its head trains in full
@@ -344,7 +349,7 @@ class PPORecipe:
         params = [p for p in self.trainable.parameters() if p.requires_grad]
         if "optimizer" not in cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
             )
         self.optimizer = instantiate(cfg["optimizer"], params)
         self.lr_scheduler = None
@@ -381,7 +386,7 @@ class PPORecipe:
         dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
         if len(dataset) and "prompt_tokens" not in dataset[0]:
             raise ConfigError(
-                "dataset: PPO needs prompts — use prompt_dataset or demo_prompt_dataset", field="dataset"
+                "PPO needs prompts", hint="use prompt_dataset or demo_prompt_dataset", field="dataset"
             )
         self.sampler = EpochBatchSampler(
             len(dataset), batch_size=self.batch_size, seed=self.seed, shuffle=True

@@ -173,7 +173,8 @@ class RewardModelRecipe:
         )  # fmt: skip
         if not isinstance(self.model, ScoreDecoder):
             raise ConfigError(
-                "model: a reward model needs a score head — use {_component_: engine.models.reward.reward_model, "
+                "a reward model needs a score head",
+                hint="use {_component_: engine.models.reward.reward_model, "
                 "decoder: {_component_: <family builder>}}",
                 field="model",
             )
@@ -185,7 +186,7 @@ class RewardModelRecipe:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if "optimizer" not in cfg:
             raise ConfigError(
-                "optimizer: missing — add e.g. {_component_: torch.optim.AdamW, lr: 1e-5}", field="optimizer"
+                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-5}", field="optimizer"
             )
         self.optimizer = instantiate(cfg["optimizer"], params)
         self.lr_scheduler = None
@@ -217,7 +218,8 @@ class RewardModelRecipe:
         check_sequence_length(self.model, dataset)
         if len(dataset) and "chosen_tokens" not in dataset[0]:
             raise ConfigError(
-                "dataset: a reward model trains on preference pairs (chosen/rejected) — use preference_dataset, "
+                "a reward model trains on preference pairs (chosen/rejected)",
+                hint="use preference_dataset, "
                 "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
                 field="dataset",
             )
@@ -244,8 +246,8 @@ class RewardModelRecipe:
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
             raise ConfigError(
-                f"gradient_accumulation_steps: {self.accum} micro-batches exceed an epoch of {len(self.sampler)} "
-                "— lower it or the batch size, or use more pairs",
+                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
+                hint="lower it or the batch size, or use more pairs",
                 field="gradient_accumulation_steps",
             )
         if self.cfg.get("max_steps_per_epoch") is not None:

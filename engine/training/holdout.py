@@ -16,14 +16,12 @@ def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset
         ConfigError: `validation.fraction` outside (0, 1), or a dataset too small to split.
     """
     if not 0.0 < fraction < 1.0:
-        raise ConfigError(
-            f"validation.fraction: must be between 0 and 1, got {fraction}", field="validation.fraction"
-        )
+        raise ConfigError(f"must be between 0 and 1, got {fraction}", field="validation.fraction")
     n = len(dataset)
     if n < 2:
         raise ConfigError(
-            f"validation.fraction: the dataset has {n} sample(s), too few to hold some out — use more data "
-            "or give validation.dataset",
+            f"the dataset has {n} sample(s), too few to hold some out",
+            hint="use more data or give validation.dataset",
             field="validation.fraction",
         )
     n_val = min(n - 1, max(1, int(round(n * fraction))))
