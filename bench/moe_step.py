@@ -5,10 +5,10 @@
 
 One training step = forward, cross-entropy + router_aux_loss_coef x load-balancing loss, backward,
 AdamW step, in fp32 on the CPU (`DEVICE=cuda DTYPE=bf16`: on a GPU, as bench/gpu.sh's moe case). Shape: a small Qwen3-MoE (8 experts,
-top-2, 2 layers, hidden 256, expert hidden 512, vocab 8192), batch 4 x 256 tokens. Both models start
+top-2, 2 layers, hidden 256, expert hidden 512, vocab 8192 or `VOCAB`), batch 4 x 256 tokens. Both models start
 from the same weights (transformers' random init, loaded into ours through its HF folder) and see
 the same tokens; runs alternate (theirs, ours, theirs, ...) so machine load hits both alike; each
-side reports its median step time. transformers is timed with its default experts implementation
+side reports its median step time (wall, and process CPU time, which moves less with machine load). transformers is timed with its default experts implementation
 and with `experts_implementation="eager"` (its per-expert Python loop).
 """
 
@@ -35,7 +35,7 @@ DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}[os.environ.get("DTYPE", 
 ROUNDS = 2 if SMOKE else int(os.environ.get("ROUNDS", "15"))
 WARMUP = 1 if SMOKE else 3
 SHAPE = dict(
-    vocab_size=512 if SMOKE else 8192,
+    vocab_size=512 if SMOKE else int(os.environ.get("VOCAB", "8192")),  # smaller: the MoE blocks weigh more
     hidden_size=64 if SMOKE else 256,
     moe_intermediate_size=32 if SMOKE else 512,
     intermediate_size=1024,
@@ -106,14 +106,16 @@ def main() -> int:
     for name, (model, step) in runs.items():  # the same first-step loss: same weights, same tokens
         first[name] = float(step(model, optims[name]).detach())
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}  # process CPU time: moves less with load
     for r in range(WARMUP + ROUNDS):
         for name, (model, step) in runs.items():  # alternating, every round
             _sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(model, optims[name])
             _sync()
             if r >= WARMUP:
                 times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
     tokens_per_step = BATCH * SEQ
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -128,16 +130,22 @@ def main() -> int:
         "first_step_loss": first,
         "median_s": {n: statistics.median(t) for n, t in times.items()},
         "tokens_per_s": {n: tokens_per_step / statistics.median(t) for n, t in times.items()},
+        "median_cpu_s": {n: statistics.median(t) for n, t in cpu.items()},
     }
     med = result["median_s"]
     result["speedup_vs_transformers"] = med["transformers"] / med["tunebench"]
     result["speedup_vs_transformers_eager"] = med["transformers_eager"] / med["tunebench"]
+    cpu_med = result["median_cpu_s"]
+    result["cpu_time_speedup_vs_transformers"] = cpu_med["transformers"] / cpu_med["tunebench"]
+    result["cpu_time_speedup_vs_transformers_eager"] = cpu_med["transformers_eager"] / cpu_med["tunebench"]
     print(f"cpu: {result['cpu']} | threads {result['threads']} | load {result['load_average']}")
     for name in runs:
         print(f"{name:<20} median {med[name] * 1e3:8.1f} ms/step  {result['tokens_per_s'][name]:9.0f} tokens/s  "
               f"first loss {first[name]:.6f}")  # fmt: skip
     print(f"tunebench / transformers (default experts): {result['speedup_vs_transformers']:.2f}x; "
-          f"/ transformers eager: {result['speedup_vs_transformers_eager']:.2f}x")  # fmt: skip
+          f"/ transformers eager: {result['speedup_vs_transformers_eager']:.2f}x; CPU time: "
+          f"{result['cpu_time_speedup_vs_transformers']:.2f}x / "
+          f"{result['cpu_time_speedup_vs_transformers_eager']:.2f}x")  # fmt: skip
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / ("moe_step_smoke.json" if SMOKE else "moe_step.json")).write_text(
