@@ -246,7 +246,7 @@ def wait(run_id: str, *, timeout: float | None = None, poll_s: float = 0.2) -> R
 DEFAULT_GRACE_S = 120.0
 
 
-def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 15.0) -> RunRecord:
+def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 60.0) -> RunRecord:
     """Ask a run to stop: record the request and SIGTERM its rank processes (the recipe saves a
     checkpoint and exits 0; torchrun then ends normally), SIGKILL everything left after `grace_s`
     seconds; returns the row once the supervisor recorded the end (or after `wait_s` more seconds).

@@ -127,7 +127,7 @@ async def test_configure_validate_launch_watch_stop_resume_clone_compare_export(
 
         # Export the composed YAML (atomic write) and check it round-trips.
         await pilot.press("f6")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.screen.query("#text"), what="the export dialog")
         app.screen.query_one("#text").value = str(tmp_path / "composed.yaml")
         await pilot.press("enter")
         await wait_for(pilot, lambda: (tmp_path / "composed.yaml").is_file(), what="composed.yaml")
@@ -145,9 +145,9 @@ async def test_configure_validate_launch_watch_stop_resume_clone_compare_export(
 
         # Stop (confirm with y): the recipe checkpoints and the run ends as stopped.
         await pilot.press("x")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.screen is not live, what="the stop confirmation")
         await pilot.press("y")
-        await wait_for(pilot, lambda: _run(run_id).status == "stopped", 60, "stopped")
+        await wait_for(pilot, lambda: _run(run_id).status == "stopped", 120, "stopped")
         await wait_for(pilot, lambda: live.run.get("status") == "stopped", 10, "live screen shows stopped")
         stopped_at = _run(run_id).step
         assert 0 < stopped_at < 60
