@@ -11,6 +11,11 @@ default pragmas: what a logger without batching does; fewer steps, it is slow) a
 JSON line per step and flush: the cost floor of any file logger).
 Goal: median < 1 ms, i.e. < 1% of a 100 ms optimizer step.
 
+`--contention`: 6 writer processes log 25 metrics per step as fast as they can into one database for
+`--seconds` (the load of tests/engine/tracking/test_tracker_stress.py, without the kills); per writer
+`MetricLogger.stats()` (longest lock hold, longest time rows waited queued without a commit,
+back-pressure wait) and the time `close()` took, and the rows/s committed in all.
+
 It also times the readers the workbench polls at 1-2 Hz, on a run of 50,000 steps x 20 metrics
 (1M rows): the summary (last loss, median tokens/s, peak memory, ETA), an incremental poll by id and
 by step, and a 500-point curve.
@@ -92,6 +97,55 @@ def bench_jsonl(path: Path, steps: int) -> dict:
     return _summary(times[10:])
 
 
+CONTENTION_WRITER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[4])
+from engine.tracking import MetricLogger
+run_id, rank, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+names = [f"m{i:02d}" for i in range(25)]
+log = MetricLogger(run_id=run_id, rank=rank, echo=False)
+end, step = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    log.log(step, {n: step + i / 100 for i, n in enumerate(names)})
+    step += 1
+t0 = time.monotonic()
+log.close()
+print(json.dumps({"steps": step, "close_s": time.monotonic() - t0, **log.stats()}))
+"""
+
+
+def bench_contention(home: Path, writers: int = 6, seconds: float = 10.0) -> dict:
+    import subprocess
+
+    os.environ["TUNEBENCH_HOME"] = str(home)
+    with open_db() as db:
+        run = create_run(db=db, recipe="bench", config_text="")
+    repo = str(Path(__file__).resolve().parent.parent)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONTENTION_WRITER, run.id, str(r), str(seconds), repo],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(writers)
+    ]  # fmt: skip
+    outs = [p.communicate() for p in procs]
+    res = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    locked = sum("locked" in err for _, err in outs)
+    with open_db() as db:
+        rows = db.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ?", (run.id,)).fetchone()[0]
+    assert rows == sum(r["steps"] for r in res) * 25, "rows lost"
+    return {
+        "writers": writers,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds,
+        "longest_tx_s": max(r["longest_tx_s"] for r in res),
+        "longest_gap_s": max(r["longest_gap_s"] for r in res),
+        "close_s_max": max(r["close_s"] for r in res),
+        "waited_s_median": statistics.median(r["waited_s"] for r in res),
+        "database_is_locked": locked,
+    }
+
+
 def bench_readers(home: Path, steps: int = 50_000, repeats: int = 20) -> dict:
     from engine.tracking import readers
     from engine.tracking.db import write_tx
@@ -140,10 +194,28 @@ def bench_readers(home: Path, steps: int = 50_000, repeats: int = 20) -> dict:
     return out
 
 
+def machine_line() -> str:
+    """CPU model, the SIMD flags that matter, core count and load average (the figures are noisy)."""
+    model, flags = "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = " ".join(f for f in ("sse4_2", "avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"CPU: {model}, {os.cpu_count()} cores, flags: {simd or '-'}; load average {load}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--out", default="bench/out/tracker_writer.json")
+    ap.add_argument("--contention", action="store_true", help="also the 6-writer unthrottled run")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of the contention run")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -159,14 +231,22 @@ def main() -> int:
             "jsonl append + flush": bench_jsonl(tmp / "m.jsonl", args.steps),
         }
         reads = bench_readers(tmp / "readers")
+        contention = bench_contention(tmp / "contention", seconds=args.seconds) if args.contention else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
-            {"steps": args.steps, "metrics_per_step": len(NAMES), "results": results, "readers_ms": reads},
+            {
+                "steps": args.steps,
+                "metrics_per_step": len(NAMES),
+                "results": results,
+                "readers_ms": reads,
+                "contention": contention,
+            },
             indent=2,
         )
     )
+    print(machine_line())
     print(
         f"| writer ({len(NAMES)} metrics/step, {args.steps} steps) | median µs | p90 µs | p99 µs | max µs |"
     )
@@ -183,6 +263,14 @@ def main() -> int:
     print("\n| reader on 1M metric rows (50k steps x 20) | median ms |\n|---|---:|")
     for name, ms in reads.items():
         print(f"| {name} | {ms:.1f} |")
+    if contention is not None:
+        c = contention
+        print(
+            f"\ncontention: {c['writers']} writers x 25 metrics, unthrottled, {c['seconds']:g} s: "
+            f"{c['rows_per_s']:.0f} rows/s committed, longest lock hold {c['longest_tx_s']:.3f} s, "
+            f"longest wait without a commit {c['longest_gap_s']:.3f} s, slowest close() {c['close_s_max']:.2f} s, "
+            f"median back-pressure wait {c['waited_s_median']:.1f} s, 'database is locked' {c['database_is_locked']}"
+        )
     return 0 if base < 1000 else 1
 
 
