@@ -1,4 +1,7 @@
-"""Messages workers post back to the screens (small dataclasses; posting is thread-safe)."""
+"""Messages workers post back to the screens (small dataclasses; posting is thread-safe).
+
+A worker gets its inputs as arguments and answers with one of these; the screen's handler
+(`on_<message_name>`) is the only place that changes screen state or widgets."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from textual.message import Message
 
 @dataclass
 class RunsLoaded(Message):
-    """Fresh rows for the runs table (one dict per run, see `workbench.screens.services.run_row`)."""
+    """Fresh rows for the runs table (one dict per run, see `workbench.services.run_row`)."""
 
     rows: list[dict[str, Any]]
 
@@ -29,11 +32,116 @@ class RunDataArrived(Message):
 
 
 @dataclass
-class ActionDone(Message):
-    """An action (launch, stop, resume, export, ...) finished; `ok` False means `text` is the error."""
+class WorkFailed(Message):
+    """A worker could not do `what` (`load`, `device`, `compare`, `poll`, ...); `text` says why."""
+
+    what: str
+    text: str
+
+
+@dataclass
+class RecipeChoicesLoaded(Message):
+    """What the Recipe screen starts from: built-in configs `(name, path)`, the first config
+    `(text, extra, recipe, name)` or None, the machine (GPU count, device name and memory) and, for a
+    clone, the parent's peak memory, entry module and tags."""
+
+    choices: list[tuple[str, str]]
+    start: tuple[str, dict, str | None, str | None] | None
+    device_count: int
+    device: tuple[str, float | None] | None
+    parent_peak_gb: float | None = None
+    clone_module: str | None = None
+    clone_tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EstimateReady(Message):
+    """The Recipe screen's set-up problems and memory estimate for one edit (`note` instead of an
+    estimate when there is none)."""
+
+    problems: list[str]
+    estimate: Any = None
+    note: str = ""
+    mesh: str = ""  # the mesh line (degrees per dimension) shown under the processes
+
+
+@dataclass
+class ValidationDone(Message):
+    """`tunebench validate`'s problems plus the recipe's set-up checks; [] when the config is valid."""
+
+    problems: list[str]
+
+
+@dataclass
+class ConfigExported(Message):
+    """The composed YAML was written to `path` (`error` set when it could not be)."""
+
+    path: str
+    error: str = ""
+
+
+@dataclass
+class RunLaunched(Message):
+    """A run was registered and started (`run_id`), or `error` says why not."""
+
+    run_id: str | None
+    error: str = ""
+
+
+@dataclass
+class RunActionDone(Message):
+    """stop / resume / delete / clone of one run finished; `ok` False means `text` is the error."""
 
     action: str
     text: str
+    run_id: str | None
     ok: bool = True
-    run_id: str | None = None
-    payload: Any = None
+
+
+@dataclass
+class SamplesLoaded(Message):
+    """The GRPO samples of a run (one dict per logged completion), for the Samples screen."""
+
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class PreviewReady(Message):
+    """The Data screen's preview of source `row`: `result` (or `error` when it could not be built)."""
+
+    row: int
+    result: Any = None
+    error: str = ""
+
+
+@dataclass
+class CompareLoaded(Message):
+    """Runs, their metric series and eval scores for the Compare screen."""
+
+    runs: dict[str, dict[str, Any]]  # run id -> run row
+    data: dict[str, Any]  # run id -> metric name -> (steps, values) arrays
+    evals: dict[str, Any]  # run id -> eval rows
+
+
+@dataclass
+class CardsLoaded(Message):
+    """Model cards and the models already downloaded, for the Models screen."""
+
+    cards: Any
+    local: Any
+
+
+@dataclass
+class DownloadProgress(Message):
+    """Bytes of a download so far (`total` None: unknown)."""
+
+    done: int
+    total: int | None
+
+
+@dataclass
+class DownloadDone(Message):
+    """A download finished (`ok`) or failed; `text` says which and where."""
+
+    text: str
+    ok: bool = True

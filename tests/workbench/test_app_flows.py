@@ -202,7 +202,7 @@ async def test_configure_validate_launch_watch_stop_resume_clone_compare_export(
         assert len(plot.series) == 2
         summary = cmp.query_one("#summary")
         assert summary.row_count == 2
-        from workbench.screens.config_diff import config_diff
+        from workbench.config_diff import config_diff
 
         configs = [yaml.safe_load(cmp.runs[r]["config_text"]) for r in cmp.run_ids]
         expected = [str(yaml.safe_load(cmp.runs[r]["config_text"])["lr"]) for r in cmp.run_ids]

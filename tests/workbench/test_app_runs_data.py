@@ -144,8 +144,8 @@ async def test_live_screen_of_a_finished_run_and_recipe_panels(tunebench_home):
 
 
 async def test_compose_a_mix_with_preview_and_stats(tunebench_home, shared_assets):
+    from workbench.recipe_options import get_path
     from workbench.screens.data import DataScreen
-    from workbench.screens.recipe_options import get_path
 
     tok = str(shared_assets / "tokenizers" / "smollm2" / "tokenizer.json")
     gsm8k = str(shared_assets / "data" / "gsm8k_test.jsonl")

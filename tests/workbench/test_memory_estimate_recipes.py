@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.screens.services import estimate_config
+from workbench.services import estimate_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 LLAMA_3_1_8B_PARAMS = 8_030_261_248  # Meta's published parameter count of Llama 3.1 8B

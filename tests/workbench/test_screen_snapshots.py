@@ -245,7 +245,7 @@ FIXED_CARDS = [
 
 
 def test_models_screen(snap_compare, snap_home, tunebench_home, monkeypatch):
-    from workbench.screens import services
+    from workbench import services
 
     # Fixed cards: the snapshot shows the screen, not whichever presets engine.models has today.
     monkeypatch.setattr(services, "model_cards", lambda: FIXED_CARDS)

@@ -16,9 +16,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from workbench.messages import ActionDone
-from workbench.screens import services
-from workbench.screens.config_diff import config_diff
+from workbench import services
+from workbench.config_diff import config_diff
+from workbench.messages import CompareLoaded, WorkFailed
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.runs_table import format_duration
@@ -119,13 +119,13 @@ class CompareScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#diff-box").border_title = "config diff"
-        self.load()
+        self.load(list(self.run_ids))
 
     @work(thread=True, exclusive=True, group="compare-load")
-    def load(self) -> None:
+    def load(self, run_ids: list[str]) -> None:
         runs, data, evals = {}, {}, {}
         try:
-            for rid in self.run_ids:
+            for rid in run_ids:
                 run, metrics, _ = services.poll_run(rid, after_metric=0, after_event=0)
                 series: dict[str, tuple[list[int], list[float]]] = {}
                 for m in metrics:
@@ -137,9 +137,12 @@ class CompareScreen(Screen):
                 run["estimate_gb"] = _estimate_gb(run)
                 evals[rid] = services.eval_rows(rid)
         except Exception as exc:
-            self.post_message(ActionDone("compare", f"cannot read runs: {exc}", ok=False))
+            self.post_message(WorkFailed("compare", f"cannot read runs: {exc}"))
             return
-        self.app.call_from_thread(self.show, runs, data, evals)
+        self.post_message(CompareLoaded(runs, data, evals))
+
+    def on_compare_loaded(self, message: CompareLoaded) -> None:
+        self.show(message.runs, message.data, message.evals)
 
     def show(
         self,
@@ -226,6 +229,6 @@ class CompareScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def on_action_done(self, message: ActionDone) -> None:
-        self.notify(message.text, severity="error" if not message.ok else "information")
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.notify(message.text, severity="error")
         self.query_one("#diff", Static).update(message.text)

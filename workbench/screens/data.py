@@ -16,10 +16,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Select
 
-from workbench.errors import UserError
-from workbench.messages import ActionDone
-from workbench.screens import services
-from workbench.screens.data_mix import (
+from workbench import services
+from workbench.data_mix import (
     BUILDERS,
     KINDS,
     PRESETS,
@@ -28,6 +26,8 @@ from workbench.screens.data_mix import (
     source_name,
     source_node,
 )
+from workbench.errors import UserError
+from workbench.messages import PreviewReady
 from workbench.widgets.sample_preview import SamplePreview
 
 
@@ -230,25 +230,29 @@ class DataScreen(Screen):
         self.sample_index = max(0, self.sample_index - 1)
         self.preview(self.query_one("#sources", DataTable).cursor_row)
 
-    @work(thread=True, exclusive=True, group="data-preview")
     def preview(self, row: int) -> None:
+        """Build source `row`'s sample `sample_index` in a worker (its inputs read here, on the UI thread)."""
         if not (0 <= row < len(self.nodes)):
             return
+        self._status(f"building {source_name(self.nodes[row], row)}…")
         tokenizer = self.query_one("#tokenizer", Input).value.strip()
-        self.app.call_from_thread(self._status, f"building {source_name(self.nodes[row], row)}…")
-        try:
-            result = services.preview_source(self.nodes[row], tokenizer, self.sample_index)
-        except Exception as exc:  # a bad source: one line naming it
-            self.post_message(ActionDone("preview", str(exc).splitlines()[0], ok=False))
-            return
-        self.post_message(ActionDone("preview", "", payload=(row, result)))
+        self._preview(row, self.nodes[row], tokenizer, self.sample_index)
 
-    def on_action_done(self, message: ActionDone) -> None:
-        if not message.ok:
-            self._status(message.text, error=True)
-            self.query_one(SamplePreview).show_message(message.text)
+    @work(thread=True, exclusive=True, group="data-preview")
+    def _preview(self, row: int, node: dict, tokenizer: str, index: int) -> None:
+        try:
+            result = services.preview_source(node, tokenizer, index)
+        except Exception as exc:  # a bad source: one line naming it
+            self.post_message(PreviewReady(row, error=str(exc).splitlines()[0]))
             return
-        row, result = message.payload
+        self.post_message(PreviewReady(row, result=result))
+
+    def on_preview_ready(self, message: PreviewReady) -> None:
+        if message.error:
+            self._status(message.error, error=True)
+            self.query_one(SamplePreview).show_message(message.error)
+            return
+        row, result = message.row, message.result
         if row < len(self.stats):
             self.stats[row] = result["stats"]
             self._update_stats_row(row)

@@ -10,7 +10,6 @@ of task/metric by step when the run has any.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import defaultdict, deque
 from typing import Any
@@ -22,8 +21,9 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 
-from workbench.messages import ActionDone, RunDataArrived
-from workbench.screens import services
+from workbench import services
+from workbench.messages import RunActionDone, RunDataArrived, WorkFailed
+from workbench.run_poller import RunPoller
 from workbench.screens.confirm import ConfirmScreen
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.log_tail import LogTail
@@ -99,13 +99,9 @@ class LiveRunScreen(Screen):
         self.run: dict[str, Any] = {}
         # metric name -> rank -> (steps, values)
         self.series: dict[str, dict[int, tuple[list[int], list[float]]]] = defaultdict(dict)
-        self._after_metric = 0
-        self._after_event = 0
-        self._eval_count = -1  # eval rows shown so far (-1: not read yet)
-        self._log_offset = 0
+        self.poller = RunPoller(run_id)  # the poll worker's cursors (it touches no screen state)
         self._last_status: str | None = None
         self._recipe_panels: set[str] = set()  # recipe panel ids mounted so far
-        self._poll_lock = threading.Lock()
         self._caught_up = False  # False until the first poll (history) has been shown
         self._step_times: deque[tuple[int, float]] = deque(maxlen=30)  # recent (step, time) for the ETA
 
@@ -129,49 +125,18 @@ class LiveRunScreen(Screen):
         self.set_interval(self.app.interval, self.poll)
 
     # Polling --------------------------------------------------------------------------------
-    @work(thread=True, group="live-poll")
     def poll(self) -> None:
-        # One poll at a time: a slow read (busy disk) must not let two threads fetch the same rows.
-        if not self._poll_lock.acquire(blocking=False):
-            return
-        try:
-            self._poll_once()
-        finally:
-            self._poll_lock.release()
+        self._poll(self.poller)
 
-    def _poll_once(self) -> None:
+    @work(thread=True, group="live-poll")
+    def _poll(self, poller: RunPoller) -> None:
         try:
-            run, metrics, events = services.poll_run(
-                self.run_id, after_metric=self._after_metric, after_event=self._after_event
-            )
-            log_text, offset = services.read_log(self.run_id, run.get("output_dir"), self._log_offset)
-            evals = services.eval_rows(self.run_id)
+            data = poller.poll()
         except Exception as exc:
-            self.post_message(ActionDone("poll", f"cannot read run {self.run_id}: {exc}", ok=False))
+            self.post_message(WorkFailed("poll", f"cannot read run {poller.run_id}: {exc}"))
             return
-        grouped: dict[str, dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-        for m in metrics:
-            grouped[m.name][m.rank].append((m.step, m.value))
-        if metrics:
-            self._after_metric = max(m.id for m in metrics)
-        if events:
-            self._after_event = max(e.id for e in events)
-        self._log_offset = offset
-        if len(evals) == self._eval_count:
-            evals = None  # unchanged: no redraw
-        else:
-            self._eval_count = len(evals)
-        self.post_message(
-            RunDataArrived(
-                self.run_id,
-                run,
-                {k: dict(v) for k, v in grouped.items()},
-                [{"kind": e.kind, "text": e.text, "step": e.step} for e in events],
-                log_text,
-                [(m.step, m.time) for m in metrics if m.name == "loss" and m.rank == 0],
-                evals,
-            )
-        )
+        if data is not None:
+            self.post_message(data)
 
     def on_run_data_arrived(self, message: RunDataArrived) -> None:
         self.run = message.run
@@ -269,34 +234,28 @@ class LiveRunScreen(Screen):
     def action_clone(self) -> None:
         self.app.push_screen(self.app.make_screen("recipe", clone_of=self.run_id))
 
-    @work(thread=True, group="live-action")
     def _act(self, action: str) -> None:
+        if action != "stop":  # resume truncates metrics past the checkpoint: re-read the curves from scratch
+            self._step_times.clear()
+            self.series.clear()
+            self.query_one(LogTail).clear()
+        self._run_action(action, self.run_id, self.poller)
+
+    @work(thread=True, group="live-action")
+    def _run_action(self, action: str, run_id: str, poller: RunPoller) -> None:
         try:
             if action == "stop":
-                services.stop_run(self.run_id)
+                services.stop_run(run_id)
             else:
-                self._reset_for_resume()
-                services.resume_run(self.run_id)
+                poller.reset()  # waits for a poll in flight, off the UI thread
+                services.resume_run(run_id)
         except Exception as exc:
-            self.post_message(ActionDone(action, str(exc), ok=False, run_id=self.run_id))
+            self.post_message(RunActionDone(action, str(exc), run_id, ok=False))
             return
-        self.post_message(
-            ActionDone(action, "stop requested" if action == "stop" else "resumed", run_id=self.run_id)
-        )
+        self.post_message(RunActionDone(action, "stop requested" if action == "stop" else "resumed", run_id))
 
-    def _reset_for_resume(self) -> None:
-        """Resume truncates metrics past the checkpoint: re-read the curves from scratch."""
-        with self._poll_lock:
-            self._after_metric = 0
-            self._log_offset = 0
-            self._eval_count = -1
-            self._step_times.clear()
-
-            def clear() -> None:
-                self.series.clear()
-                self.query_one(LogTail).clear()
-
-            self.app.call_from_thread(clear)
-
-    def on_action_done(self, message: ActionDone) -> None:
+    def on_run_action_done(self, message: RunActionDone) -> None:
         self.notify(message.text, severity="information" if message.ok else "error")
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.notify(message.text, severity="error")

@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 
-from workbench.messages import ActionDone
-from workbench.screens import services
+from workbench import services
+from workbench.messages import CardsLoaded, DownloadDone, DownloadProgress, WorkFailed
 from workbench.screens.confirm import TextPromptScreen
 
 
@@ -100,10 +100,12 @@ class ModelsScreen(Screen):
         try:
             cards = services.model_cards()
         except Exception as exc:
-            self.post_message(ActionDone("cards", f"model cards unavailable: {exc}", ok=False))
+            self.post_message(WorkFailed("cards", f"model cards unavailable: {exc}"))
             cards = []
-        local = services.local_checkpoints()
-        self.app.call_from_thread(self._fill, cards, local)
+        self.post_message(CardsLoaded(cards, services.local_checkpoints()))
+
+    def on_cards_loaded(self, message: CardsLoaded) -> None:
+        self._fill(message.cards, message.local)
 
     def _fill(self, cards: list[Any], local: list[dict[str, Any]]) -> None:
         rows = []
@@ -145,26 +147,28 @@ class ModelsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="models-download")
     def _download(self, repo: str) -> None:
-        bar = self.query_one("#download-bar", ProgressBar)
-
         def progress(done: int, total: int) -> None:
-            self.app.call_from_thread(bar.update, total=total or None, progress=done)
+            self.post_message(DownloadProgress(done, total or None))
 
         try:
             path = services.download_model(repo, progress)
         except Exception as exc:
-            self.post_message(ActionDone("download", str(exc), ok=False))
+            self.post_message(DownloadDone(str(exc), ok=False))
             return
-        self.post_message(ActionDone("download", f"downloaded {repo} to {path}"))
+        self.post_message(DownloadDone(f"downloaded {repo} to {path}"))
 
-    def on_action_done(self, message: ActionDone) -> None:
-        if message.action == "download":
-            self.query_one("#download-bar").display = False
-            self.query_one("#download-status", Label).update(message.text)
-            self.load()
-        else:
-            self.query_one("#models-status", Label).update(message.text)
+    def on_download_progress(self, message: DownloadProgress) -> None:
+        self.query_one("#download-bar", ProgressBar).update(total=message.total, progress=message.done)
+
+    def on_download_done(self, message: DownloadDone) -> None:
+        self.query_one("#download-bar").display = False
+        self.query_one("#download-status", Label).update(message.text)
+        self.load()
         self.notify(message.text, severity="information" if message.ok else "error", timeout=8)
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.query_one("#models-status", Label).update(message.text)
+        self.notify(message.text, severity="error", timeout=8)
 
     def action_back(self) -> None:
         self.app.pop_screen()

@@ -17,11 +17,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
 
+from workbench import services
 from workbench.errors import UserError
-from workbench.messages import ActionDone
-from workbench.screens import services
-from workbench.screens.confirm import TextPromptScreen
-from workbench.screens.recipe_options import (
+from workbench.messages import (
+    ConfigExported,
+    EstimateReady,
+    RecipeChoicesLoaded,
+    RunLaunched,
+    ValidationDone,
+    WorkFailed,
+)
+from workbench.recipe_options import (
     AS_IN_CONFIG,
     CONTROLS,
     KNOBS,
@@ -39,6 +45,7 @@ from workbench.screens.recipe_options import (
     override_text,
     recipe_problems,
 )
+from workbench.screens.confirm import TextPromptScreen
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.mesh_form import MeshForm, mesh_line
 from workbench.widgets.yaml_view import YamlView
@@ -164,43 +171,56 @@ class RecipeScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#form").border_title = "run settings"
-        self.load_choices()
+        self.load_choices(self.clone_of, self.start_config)
 
     # Loading --------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="recipe-load")
-    def load_choices(self) -> None:
+    def load_choices(self, clone_of: str | None, start_config: str | None) -> None:
+        """Read the machine, the built-in configs and the first config (a clone's parent, `start_config`
+        or the default) off the UI thread; posts `RecipeChoicesLoaded` (and `WorkFailed` for what failed)."""
         from engine.config import list_builtin_configs
         from engine.training.memory_estimate import detect_device_count, detect_device_memory
 
-        self.device_count = detect_device_count()
+        device = None
         try:
-            self.device = detect_device_memory()
+            device = detect_device_memory()
         except ValueError as exc:  # a bad TUNEBENCH_DEVICE_MEMORY_GB: say so, estimate without a device
-            self.post_message(ActionDone("device", str(exc), ok=False))
+            self.post_message(WorkFailed("device", str(exc)))
         choices = [(c.name, str(c.path)) for c in list_builtin_configs()]
         start: tuple[str, dict, str | None, str | None] | None = None
+        clone = {}
         try:
-            if self.clone_of:
-                run = services.get_run(self.clone_of)
-                self.parent_peak_gb = services.run_peak_gb(self.clone_of)
+            if clone_of:
+                run = services.get_run(clone_of)
+                clone["parent_peak_gb"] = services.run_peak_gb(clone_of)
                 # Like `tunebench clone`: the parent's number of processes too.
                 extra = {"nproc": run.get("nproc")}
                 start = (run["config_text"], extra, run["recipe"], f"{run['name']}-clone")
                 # Like `tunebench clone`: the clone keeps the parent's entry module and tags.
                 if run.get("module") and run["module"] != f"engine.recipes.{run['recipe']}":
-                    self.clone_module = run["module"]
-                self.clone_tags = [t for t in str(run.get("tags") or "").split(",") if t]
-            elif self.start_config or choices:
+                    clone["clone_module"] = run["module"]
+                clone["clone_tags"] = [t for t in str(run.get("tags") or "").split(",") if t]
+            elif start_config or choices:
                 from engine.config import find_config
 
                 default = next(
                     (v for n, v in choices if n == DEFAULT_CONFIG), choices[0][1] if choices else None
                 )
-                path = find_config(self.start_config) if self.start_config else Path(default)
+                path = find_config(start_config) if start_config else Path(default)
                 start = (path.read_text(encoding="utf-8"), {"path": str(path)}, None, None)
         except Exception as exc:
-            self.post_message(ActionDone("load", str(exc), ok=False))
-        self.app.call_from_thread(self._fill_choices, choices, start)
+            self.post_message(WorkFailed("load", str(exc)))
+        self.post_message(RecipeChoicesLoaded(choices, start, detect_device_count(), device, **clone))
+
+    def on_recipe_choices_loaded(self, message: RecipeChoicesLoaded) -> None:
+        self.device_count = message.device_count
+        if message.device is not None:
+            self.device = message.device
+        if self.clone_of:
+            self.parent_peak_gb = message.parent_peak_gb
+            self.clone_module = message.clone_module
+            self.clone_tags = list(message.clone_tags)
+        self._fill_choices(message.choices, message.start)
 
     def _fill_choices(self, choices: list[tuple[str, str]], start) -> None:
         select = self.query_one("#config-select", Select)
@@ -448,31 +468,49 @@ class RecipeScreen(Screen):
         self.query_one(YamlView).set_text(self.yaml_text)
         mesh = self.query_one(MeshForm)
         self.mesh_problems = mesh.problems()
-        self.estimate(self.cfg, self.nproc, self.nproc_text, mesh.nnodes)
+        self._estimate()
 
     @work(thread=True, exclusive=True, group="recipe-estimate")
-    def estimate(self, cfg: dict, nproc: int, nproc_text: str = "1", nnodes: int = 1) -> None:
+    def estimate(
+        self, cfg: dict, nproc: int, nproc_text: str, *, recipe: str | None, device_count: int, on_cuda: bool,
+        control_errors: list[str], nnodes: int = 1,
+    ) -> None:  # fmt: skip
+        """The set-up problems, the mesh line and the memory estimate of `cfg` off the UI thread; posts
+        `EstimateReady`."""
         from engine.training.memory_estimate import MemoryEstimateError
 
-        panel = self.query_one(MemoryPanel)
         # What the recipe would refuse at set-up (optimizer-in-backward with accumulation, ...).
-        problems = list(self.control_errors.values()) + self.mesh_problems
-        problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
-        self.app.call_from_thread(self._problems, problems)
-        self.app.call_from_thread(self.query_one(MeshForm).show_mesh, mesh_line(cfg, nproc, nnodes))
-        cfg = as_read_by(cfg, self.recipe)  # what the estimate reads, as this recipe reads it
+        problems = control_errors + recipe_problems(cfg, recipe, nproc_text, device_count)
+        mesh = mesh_line(cfg, nproc, nnodes)
+        cfg = as_read_by(cfg, recipe)  # what the estimate reads, as this recipe reads it
         try:  # per rank of the whole mesh: every node's processes
-            est = services.estimate_config(
-                cfg, nproc * nnodes, overhead=self.device[0].startswith("cuda"), recipe=self.recipe
-            )
+            est = services.estimate_config(cfg, nproc * nnodes, overhead=on_cuda, recipe=recipe)
         except UserError as exc:
-            self.app.call_from_thread(panel.show_message, str(exc))
+            self.post_message(EstimateReady(problems, note=str(exc), mesh=mesh))
             return
         except (MemoryEstimateError, ValueError, TypeError, OSError, ImportError) as exc:
-            self.app.call_from_thread(panel.show_message, f"no estimate: {exc}")
+            self.post_message(EstimateReady(problems, note=f"no estimate: {exc}", mesh=mesh))
             return
-        name, size = self.device
-        self.app.call_from_thread(panel.show_estimate, est, name, size, self.parent_peak_gb)
+        self.post_message(EstimateReady(problems, estimate=est, mesh=mesh))
+
+    def on_estimate_ready(self, message: EstimateReady) -> None:
+        self._problems(message.problems)
+        for form in self.query(MeshForm):
+            form.show_mesh(message.mesh)
+        for panel in self.query(MemoryPanel):  # none once the screen has closed (a late worker)
+            if message.estimate is None:
+                panel.show_message(message.note)
+            else:
+                name, size = self.device
+                panel.show_estimate(message.estimate, name, size, self.parent_peak_gb)
+
+    def _estimate(self) -> None:
+        self.estimate(
+            self.cfg, self.nproc, self.nproc_text, recipe=self.recipe, device_count=self.device_count,
+            on_cuda=self.device[0].startswith("cuda"),
+            control_errors=list(self.control_errors.values()) + self.mesh_problems,
+            nnodes=self.query_one(MeshForm).nnodes,
+        )  # fmt: skip
 
     def _problems(self, lines: list[str]) -> None:
         for box in self.query("#problems"):  # none once the screen has closed (a late worker)
@@ -507,24 +545,23 @@ class RecipeScreen(Screen):
         return None if self.module else self.recipe
 
     def action_validate(self) -> None:
-        self._validate(self.cfg, self.validate_recipe, self.nproc_text)
+        self._validate(self.cfg, self.validate_recipe, self.nproc_text, **self._problem_inputs())
 
-    def _all_problems(self, cfg: dict, recipe: str | None, nproc_text: str) -> list[str]:
-        """`tunebench validate`'s problems plus what the recipe refuses at set-up (`recipe_problems`)."""
-        from engine.config import validate
-
-        try:
-            problems = list(self.control_errors.values()) + self.mesh_problems
-            problems += [str(p) for p in validate(cfg, recipe=recipe)]
-            problems += recipe_problems(cfg, self.recipe, nproc_text, self.device_count)
-        except Exception as exc:  # validate reports problems; anything else is shown, not raised
-            problems = [f"cannot validate: {exc}"]
-        return list(dict.fromkeys(problems))  # validate and recipe_problems may both name a conflict
+    def _problem_inputs(self) -> dict:
+        """What `all_problems` reads of the screen besides the config (read on the UI thread)."""
+        return {"control_errors": list(self.control_errors.values()) + self.mesh_problems,
+                "recipe": self.recipe, "device_count": self.device_count}  # fmt: skip
 
     @work(thread=True, exclusive=True, group="recipe-validate")
-    def _validate(self, cfg: dict, recipe: str | None, nproc_text: str = "1") -> None:
-        problems = self._all_problems(cfg, recipe, nproc_text)
-        self.post_message(ActionDone("validate", "\n".join(problems) or "valid", ok=not problems))
+    def _validate(self, cfg: dict, validate_recipe: str | None, nproc_text: str, **inputs) -> None:
+        self.post_message(ValidationDone(all_problems(cfg, validate_recipe, nproc_text, **inputs)))
+
+    def on_validation_done(self, message: ValidationDone) -> None:
+        self._problems(message.problems)
+        n = len(message.problems)
+        self.notify(
+            "config is valid" if not n else f"{n} problem(s)", severity="information" if not n else "error"
+        )
 
     def action_export(self) -> None:
         name = self.query_one("#run-name", Input).value or self.recipe or "config"
@@ -545,53 +582,71 @@ class RecipeScreen(Screen):
                 fh.write(text)
             os.replace(tmp, out)
         except OSError as exc:
-            self.post_message(ActionDone("export", f"cannot write {out}: {exc.strerror}", ok=False))
+            self.post_message(ConfigExported(str(out), error=f"cannot write {out}: {exc.strerror}"))
             return
-        self.post_message(ActionDone("export", f"exported to {out}", payload=str(out)))
+        self.post_message(ConfigExported(str(out)))
+
+    def on_config_exported(self, message: ConfigExported) -> None:
+        if message.error:
+            self.notify(message.error, severity="error")
+        else:
+            self.notify(f"exported to {message.path}", severity="information")
 
     def action_launch(self) -> None:
         name = self.query_one("#run-name", Input).value.strip() or None
-        placement = self.query_one(MeshForm).launch_options()
-        self._launch(self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of, placement)
+        self._launch(
+            self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of, yaml_text=self.yaml_text,
+            module=self.module, validate_recipe=self.validate_recipe,
+            tags=self.clone_tags if self.clone_of else [], placement=self.query_one(MeshForm).launch_options(),
+            **self._problem_inputs(),
+        )  # fmt: skip
 
     @work(thread=True, exclusive=True, group="recipe-launch")
     def _launch(
-        self, cfg: dict, recipe: str, name: str | None, nproc_text: str, parent: str | None, placement: dict
-    ) -> None:
-        problems = self._all_problems(cfg, self.validate_recipe, nproc_text)
+        self, cfg: dict, launch_recipe: str, name: str | None, nproc_text: str, parent: str | None, *, yaml_text: str,
+        module: str | None, validate_recipe: str | None, tags: list[str], placement: dict, **inputs,
+    ) -> None:  # fmt: skip
+        problems = all_problems(cfg, validate_recipe, nproc_text, **inputs)
         if problems:
-            self.post_message(ActionDone("validate", "\n".join(problems), ok=False))
+            self.post_message(ValidationDone(problems))
             return
         nproc = int(nproc_text.strip())  # recipe_problems checked it is within 1..max_nproc
         try:
             run_id = services.launch_config(
-                recipe=recipe,
-                config_text=self.yaml_text,
-                nproc=nproc,
-                name=name,
-                parent_id=parent,
-                module=self.module,
-                tags=self.clone_tags if parent else (),
-                **placement,  # nodes, rendezvous and shared folder of a multi-node run
-            )
+                recipe=launch_recipe, config_text=yaml_text, nproc=nproc, name=name, parent_id=parent, module=module,
+                tags=tags, **placement,  # nodes, rendezvous and shared folder of a multi-node run
+            )  # fmt: skip
         except Exception as exc:
-            self.post_message(ActionDone("launch", str(exc), ok=False))
+            self.post_message(RunLaunched(None, error=str(exc)))
             return
-        self.post_message(ActionDone("launch", f"launched run {run_id}", run_id=run_id))
+        self.post_message(RunLaunched(run_id))
 
-    def on_action_done(self, message: ActionDone) -> None:
-        if message.action == "validate":
-            self._problems([] if message.ok else message.text.splitlines())
-            n = len(message.text.splitlines())
-            self.notify(
-                "config is valid" if message.ok else f"{n} problem(s)",
-                severity="information" if message.ok else "error",
-            )
+    def on_run_launched(self, message: RunLaunched) -> None:
+        if message.run_id is None:
+            self.notify(message.error, severity="error")
             return
-        self.notify(message.text, severity="information" if message.ok else "error")
-        if message.action == "launch" and message.ok and message.run_id:
-            self.app.pop_screen()
-            self.app.push_screen(self.app.make_screen("live", run_id=message.run_id))
+        self.notify(f"launched run {message.run_id}", severity="information")
+        self.app.pop_screen()
+        self.app.push_screen(self.app.make_screen("live", run_id=message.run_id))
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.notify(message.text, severity="error")
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+
+def all_problems(
+    cfg: dict, validate_recipe: str | None, nproc_text: str, *, control_errors: list[str], recipe: str | None,
+    device_count: int,
+) -> list[str]:  # fmt: skip
+    """`tunebench validate`'s problems plus what the recipe refuses at set-up (`recipe_problems`)."""
+    from engine.config import validate
+
+    try:
+        problems = list(control_errors)
+        problems += [str(p) for p in validate(cfg, recipe=validate_recipe)]
+        problems += recipe_problems(cfg, recipe, nproc_text, device_count)
+    except Exception as exc:  # validate reports problems; anything else is shown, not raised
+        problems = [f"cannot validate: {exc}"]
+    return list(dict.fromkeys(problems))  # validate and recipe_problems may both name a conflict

@@ -13,8 +13,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label
 
-from workbench.messages import ActionDone, RunsLoaded
-from workbench.screens import services
+from workbench import services
+from workbench.messages import RunActionDone, RunsLoaded, WorkFailed
 from workbench.screens.confirm import ConfirmScreen, TextPromptScreen, TypedConfirmScreen
 from workbench.widgets.runs_table import COLUMNS, RunsTable
 
@@ -65,7 +65,7 @@ class RunsScreen(Screen):
         try:
             rows = services.list_runs()
         except Exception as exc:  # the tracker is unreadable: say so once in the status line
-            self.app.call_from_thread(self._status, f"cannot read the tracker: {exc}")
+            self.post_message(WorkFailed("runs", f"cannot read the tracker: {exc}"))
             return
         self.post_message(RunsLoaded(rows))
 
@@ -227,11 +227,14 @@ class RunsScreen(Screen):
                 services.set_notes(run_id, arg)
                 text = "note saved"
         except Exception as exc:  # shown as a toast; the message names what to change
-            self.post_message(ActionDone(action, str(exc), ok=False, run_id=run_id))
+            self.post_message(RunActionDone(action, str(exc), run_id, ok=False))
             return
-        self.post_message(ActionDone(action, text, run_id=run_id))
+        self.post_message(RunActionDone(action, text, run_id))
 
-    def on_action_done(self, message: ActionDone) -> None:
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self._status(message.text)
+
+    def on_run_action_done(self, message: RunActionDone) -> None:
         name = self._run_name(message.run_id) if message.run_id else ""
         self.notify(f"{name}: {message.text}", severity="information" if message.ok else "error")
         self.refresh_runs()

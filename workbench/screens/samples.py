@@ -11,8 +11,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
-from workbench.messages import ActionDone
-from workbench.screens import services
+from workbench import services
+from workbench.messages import SamplesLoaded, WorkFailed
 
 
 def one_line(text: Any, width: int) -> str:
@@ -65,14 +65,20 @@ class SamplesScreen(Screen):
         self.load()
         self.set_interval(max(1.0, self.app.interval * 2), self.load)
 
-    @work(thread=True, group="samples", exclusive=True)
     def load(self) -> None:
+        self._load(self.run_id, self.output_dir)
+
+    @work(thread=True, group="samples", exclusive=True)
+    def _load(self, run_id: str, output_dir: str | None) -> None:
         try:
-            rows = services.read_samples(self.run_id, self.output_dir)
+            rows = services.read_samples(run_id, output_dir)
         except Exception as exc:
-            self.post_message(ActionDone("samples", f"cannot read samples of {self.run_id}: {exc}", ok=False))
+            self.post_message(WorkFailed("samples", f"cannot read samples of {run_id}: {exc}"))
             return
-        self.app.call_from_thread(self.show_rows, rows)
+        self.post_message(SamplesLoaded(rows))
+
+    def on_samples_loaded(self, message: SamplesLoaded) -> None:
+        self.show_rows(message.rows)
 
     def show_rows(self, rows: list[dict[str, Any]]) -> None:
         """Replace the table's rows (keeps the cursor row index) unless nothing changed."""
@@ -113,5 +119,5 @@ class SamplesScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def on_action_done(self, message: ActionDone) -> None:
-        self.notify(message.text, severity="information" if message.ok else "error")
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.notify(message.text, severity="error")

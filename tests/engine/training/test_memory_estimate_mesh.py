@@ -31,7 +31,7 @@ SHAPE_70B = ModelShape(
 
 
 def _estimate_config(name: str, nproc: int, **changes):
-    from workbench.screens.services import estimate_config
+    from workbench.services import estimate_config
 
     cfg = load_config(f"configs/llama3_3/{name}.yaml")
     cfg.update(changes)
@@ -119,7 +119,7 @@ def test_degrees_that_do_not_divide_the_world_are_refused_in_one_line():
 
 
 def test_config_mesh_keys_reach_the_estimate():
-    from workbench.screens.recipe_options import training_options
+    from workbench.recipe_options import training_options
 
     cfg = load_config("configs/llama3_3/70B_full.yaml")
     cfg.update(tensor_parallel_dim=2, context_parallel_dim=2, data_parallel_replicate_dim=2)

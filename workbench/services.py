@@ -399,7 +399,7 @@ def estimate_config(
         estimate_memory,
         frozen_model_bytes,
     )
-    from workbench.screens.recipe_options import training_options
+    from workbench.recipe_options import training_options
 
     if recipe == "reward_model" and isinstance((cfg.get("model") or {}).get("decoder"), dict):
         # a decoder under a score head: sized like SFT on the decoder, chosen + rejected rows
@@ -484,7 +484,7 @@ def _grpo_rows(cfg: dict[str, Any], *, sync: bool) -> dict[str, int]:
 
 def _model_shape_card(cfg: dict[str, Any], field: str) -> Any:
     """The shape card of `cfg["model"]`: its folder's `config.json`, its own sizes, or a model card."""
-    from workbench.screens.recipe_options import card_with_overrides, model_shape_source
+    from workbench.recipe_options import card_with_overrides, model_shape_source
 
     source = model_shape_source(cfg)
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
