@@ -145,7 +145,7 @@ class RecipeScreen(Screen):
         self.yaml_text = ""
         self.clone_module: str | None = None
         self.clone_tags: list[str] = []
-        self.mesh_problems: list[str] = []  # the mesh form's (main thread), read by the workers
+        self.mesh_problems: list[str] = []  # the mesh form's, passed to the workers as an argument
 
     def compose(self) -> ComposeResult:
         yield Header()
