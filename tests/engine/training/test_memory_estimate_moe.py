@@ -18,7 +18,7 @@ pytest.importorskip("textual")  # the workbench's config -> options reader
 
 
 def _estimate(name: str, nproc: int = 8):
-    from workbench.screens.services import estimate_config
+    from workbench.services import estimate_config
 
     return estimate_config(load_config(f"configs/{name}.yaml"), nproc, recipe="sft")
 
