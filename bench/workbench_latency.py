@@ -96,7 +96,7 @@ def synthetic_runs(n_runs: int, steps: int) -> tuple[dict, dict]:
             "mem_peak_gb": (xs, [10 + 0.001 * i / steps for i in xs]),
             "grad_norm": (xs, [1 + rng.random() for _ in xs]),
         }
-    from workbench.screens.compare import as_arrays
+    from workbench.screens.compare_screen import as_arrays
 
     return runs, {rid: as_arrays(series) for rid, series in data.items()}
 
@@ -123,7 +123,7 @@ async def compare_redraw(
     from textual.geometry import Region
 
     from workbench.app import make_app
-    from workbench.screens.compare import CompareScreen
+    from workbench.screens.compare_screen import CompareScreen
     from workbench.widgets.metric_plot import MetricPlot
 
     runs, data = synthetic_runs(n_runs, steps)

@@ -227,7 +227,7 @@ def test_a_tracker_database_that_is_a_folder_is_one_line(tunebench_home, capsys)
 def test_following_a_run_that_failed_before_its_first_step_prints_only_the_reason(tunebench_home):
     import io
 
-    from workbench.run_progress import follow
+    from workbench.cli_progress import follow
 
     with open_db() as db:
         rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="bad")

@@ -61,7 +61,7 @@ class TunebenchApp(App):
         self.dataset_node: dict | None = None
 
     def get_default_screen(self) -> Screen:
-        from workbench.screens.runs import RunsScreen
+        from workbench.screens.runs_screen import RunsScreen
 
         return RunsScreen()
 
@@ -70,11 +70,11 @@ class TunebenchApp(App):
         """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids=),
         samples (run_id=, output_dir=)."""
         if name == "runs":
-            from workbench.screens.runs import RunsScreen
+            from workbench.screens.runs_screen import RunsScreen
 
             return RunsScreen()
         if name == "models":
-            from workbench.screens.models import ModelsScreen
+            from workbench.screens.models_screen import ModelsScreen
 
             return ModelsScreen()
         if name == "data":
@@ -90,7 +90,7 @@ class TunebenchApp(App):
 
             return LiveRunScreen(**kwargs)
         if name == "compare":
-            from workbench.screens.compare import CompareScreen
+            from workbench.screens.compare_screen import CompareScreen
 
             return CompareScreen(**kwargs)
         if name == "samples":

@@ -39,7 +39,7 @@ from engine.training.model_setup import (
 )
 from engine.training.optimizer_setup import build_optimizer
 from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
-from engine.training.stop import StopFlag
+from engine.training.stop_flag import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 

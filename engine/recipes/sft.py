@@ -53,7 +53,7 @@ from engine.training.model_setup import (
 )
 from engine.training.optimizer_setup import build_optimizer
 from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
-from engine.training.stop import StopFlag
+from engine.training.stop_flag import StopFlag
 
 
 def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:

@@ -90,10 +90,10 @@ async def type_text(pilot, text: str) -> None:
 
 @pytest.mark.distributed
 async def test_configure_validate_launch_watch_stop_resume_clone_compare_export(lsq_env, tmp_path):
-    from workbench.screens.compare import CompareScreen
+    from workbench.screens.compare_screen import CompareScreen
     from workbench.screens.live import LiveRunScreen
     from workbench.screens.recipe import RecipeScreen
-    from workbench.screens.runs import RunsScreen
+    from workbench.screens.runs_screen import RunsScreen
     from workbench.widgets.metric_plot import MetricPlot
     from workbench.widgets.runs_table import RunsTable
 

@@ -184,7 +184,7 @@ async def test_compose_a_mix_with_preview_and_stats(tunebench_home, shared_asset
 
 async def test_help_themes_and_navigation(tunebench_home, monkeypatch):
     from workbench.screens.help import HelpScreen
-    from workbench.screens.runs import RunsScreen
+    from workbench.screens.runs_screen import RunsScreen
 
     app = make_app(interval=0.2, theme="light")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -208,7 +208,7 @@ async def test_help_themes_and_navigation(tunebench_home, monkeypatch):
 
 def test_app_import_is_light():
     """The workbench imports neither torch nor datasets at startup (they load inside workers)."""
-    code = "import sys, workbench.app, workbench.screens.runs; print(sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))"
+    code = "import sys, workbench.app, workbench.screens.runs_screen; print(sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -255,7 +255,7 @@ async def test_toasts_for_new_nan_and_checkpoint_events(tunebench_home):
 
 async def test_models_download_without_a_hub_is_one_clear_line(tunebench_home, monkeypatch):
     from workbench.screens.confirm import TextPromptScreen
-    from workbench.screens.models import ModelsScreen
+    from workbench.screens.models_screen import ModelsScreen
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     app = make_app(interval=0.2)
@@ -393,7 +393,7 @@ async def test_grpo_panels_and_samples_newest_first(tunebench_home):
 async def test_compare_shows_eval_scores_per_run_at_their_step(tunebench_home):
     """Compare: the latest score of each task/metric per run with its step."""
     from engine.tracking import MetricLogger
-    from workbench.screens.compare import CompareScreen
+    from workbench.screens.compare_screen import CompareScreen
 
     a = make_finished_run("ra", "sft", [2.0, 1.5, 1.2], "lr: 0.0001\n")
     b = make_finished_run("rb", "sft", [2.0, 1.4, 1.0], "lr: 0.0002\n")

@@ -105,7 +105,7 @@ async def test_compare_prepares_other_metrics_off_the_loop_and_switching_draws_n
     each in the cache (nothing drawn on the event loop) and the prepared frame is what a cold build
     on the loop draws."""
     from workbench.app import make_app
-    from workbench.screens.compare import METRICS, CompareScreen, as_arrays
+    from workbench.screens.compare_screen import METRICS, CompareScreen, as_arrays
 
     rng = random.Random(1)
     steps = list(range(1, 5_001))
@@ -148,7 +148,7 @@ async def test_closing_compare_while_the_plot_worker_builds_ends_it_cleanly(tune
     from textual.worker import WorkerState
 
     from workbench.app import make_app
-    from workbench.screens.compare import METRICS, CompareScreen, as_arrays
+    from workbench.screens.compare_screen import METRICS, CompareScreen, as_arrays
 
     rng = random.Random(2)
     steps = list(range(1, 50_001))

@@ -24,7 +24,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
-    from workbench.run_progress import follow
+    from workbench.cli_progress import follow
 
     args = parse_mixed(args, _options, prog="tunebench clone")
     rec = launcher.clone(args.run, args.overrides, name=args.name, nproc=args.nproc)

@@ -18,8 +18,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.tracking.db import open_db
     from engine.tracking.readers import eval_results, get_run, summarize
     from workbench.cli_format import config_diff, emit, json_safe, table
+    from workbench.cli_progress import human_number
     from workbench.errors import UserError
-    from workbench.run_progress import human_number
 
     if len(args.runs) < 2:
         raise UserError("compare needs two or more runs: tunebench compare RUN RUN ...")

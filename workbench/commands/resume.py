@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
-    from workbench.run_progress import follow
+    from workbench.cli_progress import follow
 
     rec = launcher.resume(args.run)
     print(

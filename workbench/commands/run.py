@@ -65,8 +65,8 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
+    from workbench.cli_progress import follow
     from workbench.errors import UserError
-    from workbench.run_progress import follow
 
     args = parse_mixed(args, _options, prog="tunebench run")
     if not args.config:

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.tracking.paths import db_path
     from engine.tracking.readers import list_summaries
     from workbench.cli_format import emit, json_safe, table
-    from workbench.run_progress import human_duration, human_number
+    from workbench.cli_progress import human_duration, human_number
 
     if not db_path().exists():
         emit("[]" if args.json else "no runs yet: start one with `tunebench run RECIPE --config FILE`")

@@ -58,12 +58,12 @@ def collect(run_ref: str, *, points: int | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from workbench.cli_format import emit, json_safe, table
-    from workbench.run_progress import human_duration, human_number
+    from workbench.cli_progress import human_duration, human_number
 
     if args.follow:
         from engine.tracking.db import open_db
         from engine.tracking.readers import get_run
-        from workbench.run_progress import follow
+        from workbench.cli_progress import follow
 
         with open_db(create=False) as db:
             rec = get_run(args.run, db=db)

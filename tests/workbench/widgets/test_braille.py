@@ -144,7 +144,7 @@ def test_the_plot_screens_load_no_plotting_library():
     import sys
 
     code = (
-        "import sys, workbench.screens.live, workbench.screens.compare; "
+        "import sys, workbench.screens.live, workbench.screens.compare_screen; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'plotext', 'textual_plotext', 'textual_plot'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
