@@ -36,7 +36,7 @@ from engine.recipes._fields import shared, shared_fields
 from engine.training.distributed import all_reduce_sum, rank_world
 from engine.training.model_setup import build_model, build_tokenizer, check_sequence_length, check_vocab
 from engine.training.runtime import parse_dtype, pick_device, set_seed
-from engine.training.stop import StopFlag
+from engine.training.stop_flag import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
