@@ -432,7 +432,7 @@ def _ppo_side_models(cfg: dict[str, Any], policy: Any, opts: dict[str, Any]) -> 
     """PPO's models besides the policy: a full policy's frozen reference, the frozen reward model and
     the trained value model (each sized from its `decoder` node and folder, else the policy's shape)."""
     from engine.training.memory_estimate import ModelShape, frozen_model_bytes, trained_side_model_bytes
-    from workbench.screens.recipe_options import method_of
+    from workbench.recipe_options import method_of
 
     def shape_of(key: str, folder_key: str) -> Any:
         node = cfg.get(key) if isinstance(cfg.get(key), dict) else {}
