@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from engine.checkpoint.export import write_merged_model
 from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
@@ -45,6 +45,7 @@ from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_
 from engine.recipes._fields import shared, shared_fields
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
 from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training.holdout import holdout_split
 from engine.training.model_setup import (
     build_model,
     build_tokenizer,
@@ -318,7 +319,7 @@ class SFTRecipe:
                 val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
                 check_sequence_length(self.model, val_set, field="validation.dataset")
             else:
-                dataset, val_set = _holdout(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
+                dataset, val_set = holdout_split(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
             self.val_loader = self._loader(val_set, shuffle=False)
         self.train_set = dataset
         self.loader = self._loader(dataset, shuffle=bool(cfg["shuffle"]))
@@ -590,20 +591,6 @@ class SFTRecipe:
         if self.logger is not None:
             self.logger.flush()
             self.logger.close()
-
-
-def _holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
-    """A seeded split: `fraction` of the samples (at least one) become the held-out set."""
-    if not 0.0 < fraction < 1.0:
-        raise ConfigError(f"must be between 0 and 1, got {fraction}", field="validation.fraction")
-    n = len(dataset)
-    n_val = max(1, int(round(n * fraction)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
-    train, val = Subset(dataset, sorted(perm[n_val:])), Subset(dataset, sorted(perm[:n_val]))
-    names = getattr(dataset, "source_names", None)
-    if names:
-        train.source_names = val.source_names = names
-    return train, val
 
 
 # Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
