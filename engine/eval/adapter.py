@@ -13,7 +13,8 @@ weights (tested), but runs the native decoder:
 - `generate_until`: contexts left-truncated to `max_length - max_gen_toks`, batched, decoded with the
   KV cache (`engine.generation.generate`), each row stopping at an EOS id or once its text holds one
   of the request's `until` strings; the batch ends when every row has stopped.
-- BOS: added when the tokenizer's model uses one (`add_bos_token` overrides), never doubled;
+- BOS: added when the tokenizer files add one on their own (`Tokenizer.file_adds_bos`, as the hf
+  backend's tokenizer does; `add_bos_token` overrides), never doubled;
   `apply_chat_template` renders the tokenizer's chat template (`--apply_chat_template`).
 
 Build it from a folder (`TunebenchLM(pretrained=DIR)`, what `--model_args pretrained=DIR` does) or
@@ -227,7 +228,9 @@ class TunebenchLM(TemplateLM):
         if add_special_tokens is None and self.tok.bos_id is not None:
             if string.startswith(self.tok.decode([self.tok.bos_id], skip_special_tokens=False)):
                 add_bos = False
-        ids = self.tok.encode(string, add_bos=True if add_bos is None else add_bos, add_eos=False)
+        if add_bos is None:  # as lm-eval's hf backend: what the tokenizer files do on their own
+            add_bos = getattr(self.tok, "file_adds_bos", True)
+        ids = self.tok.encode(string, add_bos=add_bos, add_eos=False)
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -26,6 +26,9 @@ class Tokenizer(ABC):
     Attributes set by `_setup_specials` (call it at the end of a backend's `__init__`):
       `bos_id`, `eos_id`, `pad_id`, `unk_id` (int | None; `pad_id` is always an int),
       `stop_tokens` (list[int]), `adds_bos` (bool: `encode(add_bos=True)` prepends BOS),
+      `file_adds_bos` (bool: whether the tokenizer files prepend BOS on their own, as transformers'
+      tokenizer does; differs from `adds_bos` only where tunebench follows the model's reference
+      layout instead, e.g. a Llama 3 `tokenizer.json` without the BOS post-processor),
       `chat_template` (str | None).
     """
 
@@ -35,6 +38,7 @@ class Tokenizer(ABC):
     unk_id: int | None
     stop_tokens: list[int]
     adds_bos: bool
+    file_adds_bos: bool
     chat_template: str | None
     source: str
 
@@ -70,6 +74,7 @@ class Tokenizer(ABC):
         pad: str | None = None,
         unk: str | None = None,
         adds_bos: bool,
+        file_adds_bos: bool | None = None,
     ) -> None:
         """Resolve special-token strings (side files win over backend defaults) to ids."""
         self.bos_id = self._id_or_none(files.bos_token or bos)
@@ -83,6 +88,8 @@ class Tokenizer(ABC):
         self.pad_id = pad_id
         flag = files.add_bos_token
         self.adds_bos = self.bos_id is not None and (adds_bos if flag is None else flag)
+        own = adds_bos if file_adds_bos is None else file_adds_bos
+        self.file_adds_bos = self.bos_id is not None and (own if flag is None else flag)
         stops: list[int] = []
         for i in [self.eos_id, *files.generation_eos_ids, *map(self._id_or_none, END_OF_TURN_TOKENS)]:
             if i is not None and i not in stops:

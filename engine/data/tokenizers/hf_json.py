@@ -59,12 +59,13 @@ class HFTokenizer(Tokenizer):
             adds_bos = bool(prefix) and prefix[0] == self.token_to_id(files.bos_token)
         else:
             adds_bos = bos is not None
+        file_adds_bos = adds_bos
         if (files.bos_token or bos) == LLAMA3_BOS and self.token_to_id(LLAMA3_BOS) is not None:
             adds_bos = True  # `add_bos_token` in tokenizer_config.json still decides (_setup_specials)
         self._path = path
         self._rank_bpe = None  # (tiktoken Encoding, TokenOffsets, special regex, ids) or False
         self._seen = 0  # texts encode_spans has encoded
-        self._setup_specials(files, bos=bos, eos=eos, adds_bos=adds_bos)
+        self._setup_specials(files, bos=bos, eos=eos, adds_bos=adds_bos, file_adds_bos=file_adds_bos)
 
     def _encode_plain(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
