@@ -299,25 +299,34 @@ def load_resume_state(
     return state
 
 
-def save_training_checkpoint(recipe: Any, state: dict) -> Path:
+_AS_RECIPE = object()
+
+
+def save_training_checkpoint(
+    recipe: Any, state: dict, *, trained: Any = None, is_lora: Any = _AS_RECIPE, model_dir: Any = _AS_RECIPE
+) -> Path:
     """`output_dir/checkpoints/step_<N>/` of a training recipe, atomically: its `model/` folder (PEFT
     adapters or a Hugging Face folder, `engine.checkpoint.export.write_model_folder`), the optimizer,
     `state` plus the LR schedule's state; logs a `checkpoint` event. Returns the folder.
 
     `recipe` is any training recipe: it has `output_dir`, `global_step`, `model`, `optimizer`,
     `lr_scheduler`, `cfg["model"]`, `is_lora`, `model_dir`, `dtype`, `keep_last` and `logger`.
+    `trained`: the module whose weights and optimizer state resume needs when it is more than `model`
+    (PPO: policy and value model); `is_lora` / `model_dir`: the export's, when not the recipe's.
     """
     from functools import partial
 
     from engine.checkpoint.export import write_model_folder
 
     scheduler = recipe.lr_scheduler
+    is_lora = recipe.is_lora if is_lora is _AS_RECIPE else is_lora
+    model_dir = recipe.model_dir if model_dir is _AS_RECIPE else model_dir
     path = save_checkpoint(
-        recipe.output_dir, recipe.global_step, model=recipe.model, optimizer=recipe.optimizer,
+        recipe.output_dir, recipe.global_step, model=trained or recipe.model, optimizer=recipe.optimizer,
         recipe_state={**state, "lr_scheduler": scheduler.state_dict() if scheduler is not None else None},
         keep_last=recipe.keep_last,
-        write_model=partial(write_model_folder, recipe.model, recipe.cfg["model"], is_lora=recipe.is_lora,
-                            model_dir=recipe.model_dir, dtype=recipe.dtype),
+        write_model=partial(write_model_folder, recipe.model, recipe.cfg["model"], is_lora=is_lora,
+                            model_dir=model_dir, dtype=recipe.dtype),
     )  # fmt: skip
     recipe.logger.event(recipe.global_step, "checkpoint", str(path))
     return path

@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.schema import REQUIRED, Field, Schema
 from engine.data.sampler import EpochBatchSampler
@@ -580,24 +579,14 @@ class PPORecipe:
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the policy (adapters or HF folder) in `model/`, policy and
         value weights + optimizer in `state/`, recipe state (KL coefficient, sampler, generator)."""
-        from engine.checkpoint.export import write_model_folder
-
         state = {
             "epoch": self.epoch,
             "batches_in_epoch": self.batches_in_epoch,
             "optimizer_steps": self.optimizer_steps,
             "kl_coeff": self.kl_ctl.value,
             "generator": self.generator.get_state(),
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
         }
-        path = save_checkpoint(
-            self.output_dir, self.global_step, model=self.trainable, optimizer=self.optimizer,
-            recipe_state=state, keep_last=self.keep_last,
-            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=self.is_lora,
-                                model_dir=self.model_dir, dtype=self.dtype),
-        )  # fmt: skip
-        self.logger.event(self.global_step, "checkpoint", str(path))
-        return path
+        return save_training_checkpoint(self, state, trained=self.trainable)
 
     def cleanup(self) -> None:
         if self.logger is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_checkpoint
+from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
@@ -384,7 +384,6 @@ class RewardModelRecipe:
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: a HF *ForSequenceClassification folder + optimizer + state."""
-        from engine.checkpoint.export import write_model_folder
         from engine.models.hf_config import num_labels_of, read_hf_config
 
         # The source's layout only when it is itself a reward model (a causal LM's has lm_head, no score).
@@ -397,16 +396,8 @@ class RewardModelRecipe:
             "epoch": self.epoch,
             "batches_in_epoch": self.batches_in_epoch,
             "tokens_total": self.tokens_total,
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
         }
-        path = save_checkpoint(
-            self.output_dir, self.global_step, model=self.model, optimizer=self.optimizer, recipe_state=state,
-            keep_last=self.keep_last,
-            write_model=partial(write_model_folder, self.model, self.cfg["model"], is_lora=False, model_dir=like,
-                                dtype=self.dtype),
-        )  # fmt: skip
-        self.logger.event(self.global_step, "checkpoint", str(path))
-        return path
+        return save_training_checkpoint(self, state, is_lora=False, model_dir=like)
 
     def cleanup(self) -> None:
         if self.logger is not None:
