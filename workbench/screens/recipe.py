@@ -1,6 +1,10 @@
 """Recipe: pick a config (recipe and method), edit hyperparameters and memory/parallel options,
 see the YAML and a memory estimate against this machine's device memory, then validate, export or
 launch it. Cloning a run opens this screen prefilled, with the parent recorded.
+
+Length: over 500 lines because it is one screen with four workers (load, estimate, validate, launch)
+and a typed-message handler for each; the option logic it shows lives in workbench/recipe_options.py,
+the mesh form in widgets/mesh_form.py, the tracker and launcher calls in workbench/services.py.
 """
 
 from __future__ import annotations
