@@ -165,9 +165,11 @@ def run_recipe_main(
         recipe.setup()
         # CPU runs: keep freed buffers for the next step (process-wide, once); bf16 matmuls in fp32 on
         # CPUs without bf16 units (for the training block)
+        # The allocator note is information, not a problem: stdout (the run's log), so that stderr
+        # keeps the one-line contract for a bad config found once training starts.
         allocator = keep_freed_memory_for_cpu_training(recipe.device)
         if allocator and int(os.environ.get("RANK", "0")) == 0:
-            print(f"{name}: {allocator}", file=sys.stderr, flush=True)
+            print(f"{name}: {allocator}", flush=True)
         with cpu_fast_paths(recipe.device, recipe.dtype, compile=bool(cfg.get("compile", False))) as note:
             if note and int(os.environ.get("RANK", "0")) == 0:
                 print(f"{name}: {note}", file=sys.stderr, flush=True)
