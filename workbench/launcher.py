@@ -4,6 +4,9 @@ A run is registered `queued` with its config written to `runs/<id>/config.yaml` 
 that folder), then `launch` hands it to a detached `workbench.supervisor` that starts torchrun and
 records how it ended. See docs/ARCHITECTURE.md, "Launcher". Bad input raises `UserError` or
 `engine.config.ConfigError` (one line); nothing is left half-written.
+
+Length: just over 500 lines: every run action (create, launch, stop, resume, clone, export, multi-node)
+shares the registration and config-writing helpers kept here; SLURM and multi-node specifics are apart.
 """
 
 from __future__ import annotations

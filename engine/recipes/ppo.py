@@ -22,6 +22,9 @@ KL to the reference), `kl_coeff`, `policy_loss`, `value_loss`, `clip_fraction`, 
 `approx_kl`, `entropy`, `response_length`, `missing_eos`, `loss`, `lr`, `grad_norm`,
 `rollout_tokens_per_sec`, `step_time`; the first `num_samples_to_log` completions go to
 `output_dir/samples.jsonl` and the first one also as a `sample` event. One process. Exit codes as in SFT.
+
+Length: over 500 lines because one PPO step needs four models (policy, reference, value, reward) set
+up here and the rollout -> GAE -> minibatch-epoch loop in one readable place; the math is in engine.rl.ppo.
 """
 
 from __future__ import annotations

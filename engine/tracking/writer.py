@@ -25,6 +25,9 @@ SIGTERM as it would have without the tracker.
 
 Without `TUNEBENCH_RUN_ID` (a recipe started by hand) nothing is written: rank 0 prints one compact
 line per step to stdout instead (and also with a run id, so `runs/<id>/stdout.log` shows progress).
+
+Length: over 500 lines because the writer's bounded transactions, back-pressure and signal-safe flush
+are one concurrency design that reads best in one file.
 """
 
 from __future__ import annotations

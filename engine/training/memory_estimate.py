@@ -35,6 +35,9 @@ parallelism splits every saved tensor over `tp` ranks (norm and residual tensors
 attention and MLP ones on heads/features, the logits on the vocabulary).
 The figure ignores the CUDA context and allocator fragmentation (~0.5-1 GiB on a real GPU), which
 `MemoryEstimate.total_bytes` adds as `overhead_bytes`.
+
+Length: over 500 lines because each recipe's estimate (SFT, DPO, KD, GRPO, PPO, reward model, MoE,
+mesh) is hand-checkable arithmetic kept next to the shared parts it sums; tests check each by bytes.
 """
 
 from __future__ import annotations
