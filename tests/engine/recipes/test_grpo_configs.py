@@ -33,3 +33,18 @@ def test_bad_value_is_one_line_exit_2(tmp_path):
     assert lines[-1].startswith("grpo: minibatch_size: 5 does not divide"), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_async_demo_trains_with_the_measured_synchronous_settings():
+    """The async demo's header leans on the synchronous demo's measured curve (max_staleness=0 is that
+    run): apart from `output_dir` and the keys only grpo_async declares, the two files are equal."""
+    from engine.config import load_config
+    from engine.recipes import grpo, grpo_async
+
+    sync = load_config(REPO / "configs/demo/digit_successor_grpo.yaml")
+    asyn = load_config(REPO / "configs/demo/digit_successor_grpo_async.yaml")
+    async_only = set(grpo_async.CONFIG_SCHEMA.fields) - set(grpo.CONFIG_SCHEMA.fields)
+    assert async_only and set(asyn) - set(sync) <= async_only
+    for cfg in (sync, asyn):
+        cfg.pop("output_dir")
+    assert {k: v for k, v in asyn.items() if k not in async_only} == sync
