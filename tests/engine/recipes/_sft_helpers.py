@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-import signal
 from pathlib import Path
 
 import torch
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TINY_MODEL = {
     "_component_": "engine.models.llama3.llama3",
@@ -69,16 +70,7 @@ def run_recipe(cfg: dict):
     """Set up and train in this process (as `python -m engine.recipes.sft` does); returns the recipe."""
     from engine.recipes.sft import SFTRecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = SFTRecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(SFTRecipe, check_config, cfg)
 
 
 def trainable_state(recipe) -> dict[str, torch.Tensor]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-import signal
 
 import pytest
 import torch
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TINY = {
     "_component_": "engine.models.llama3.llama3",
@@ -34,16 +35,7 @@ def dpo_config(assets, out, **over):
 def run(cfg):
     from engine.recipes.dpo import DPORecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = DPORecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(DPORecipe, check_config, cfg)
 
 
 def _mean(rows, key):

@@ -10,10 +10,11 @@ over the last 5 of 30 steps.
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import torch
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TOY_MODEL = {
     "_component_": "engine.models.llama3.llama3",
@@ -42,16 +43,7 @@ def grpo_config(out, **over):
 def run(cfg):
     from engine.recipes.grpo import GRPORecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = GRPORecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(GRPORecipe, check_config, cfg)
 
 
 def test_mean_reward_rises_on_digit_successor(tmp_path):

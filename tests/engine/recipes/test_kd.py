@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import signal
-
 import pytest
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 BASE = {"_component_": "engine.models.llama3.llama3", "vocab_size": 49152, "num_layers": 2, "max_seq_len": 128,
         "rope_base": 10000.0}  # fmt: skip
@@ -30,16 +30,7 @@ def kd_config(assets, out, **over):
 def run(cfg):
     from engine.recipes.kd import KDRecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = KDRecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(KDRecipe, check_config, cfg)
 
 
 def test_kl_to_teacher_falls(shared_assets, tmp_path):

@@ -5,9 +5,10 @@ with a frozen reward model. Tiny randomly initialised Llamas over the 16-symbol 
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TOY = {
     "_component_": "engine.models.llama3.llama3",
@@ -40,16 +41,7 @@ def ppo_config(out, **over):
 def run(cfg):
     from engine.recipes.ppo import PPORecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = PPORecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(PPORecipe, check_config, cfg)
 
 
 @pytest.mark.slow  # ~200 s on 2 loaded cores (24 steps of 32 rollouts, policy + reference + value)

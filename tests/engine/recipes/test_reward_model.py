@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
 
 import pytest
 import torch
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TINY_DECODER = {
     "_component_": "engine.models.llama3.llama3",
@@ -36,16 +37,7 @@ def rm_config(out, **over):
 def run(cfg):
     from engine.recipes.reward_model import RewardModelRecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = RewardModelRecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(RewardModelRecipe, check_config, cfg)
 
 
 @pytest.mark.slow  # ~80 s on 2 loaded cores: 150 steps of 32 pairs
