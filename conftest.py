@@ -51,6 +51,26 @@ def shared_assets(request) -> Path:
     pytest.skip(f"{SHARED_ASSETS} is absent (tests that need the shared assets skip without it)")
 
 
+@pytest.fixture
+def real_assets():
+    """`real_assets(why)` -> the shared assets, or a skip that says why the test needs the real files
+    (for tests whose point is a specific real tokenizer or data file the repo does not ship)."""
+
+    def get(why: str) -> Path:
+        if SHARED_ASSETS.is_dir():
+            return SHARED_ASSETS
+        pytest.skip(f"{SHARED_ASSETS} is absent: {why}")
+
+    return get
+
+
+@pytest.fixture
+def assets_or_repo(request) -> Path:
+    """The shared assets when present, else `repo_assets` (for tests that read only the files
+    `repo_assets` also writes), without skipping."""
+    return SHARED_ASSETS if SHARED_ASSETS.is_dir() else request.getfixturevalue("repo_assets")
+
+
 def _numeric(text: str) -> bool:
     try:
         float(text.strip().replace(",", ""))

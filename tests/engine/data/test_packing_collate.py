@@ -149,7 +149,7 @@ def test_fast_path_equals_generic_path(tok):
     from engine.data import instruct_dataset
 
     rows = [{"input": f"question number {i}?", "output": "answer " * (i % 5 + 1)} for i in range(30)]
-    ds = instruct_dataset(tok("qwen3"), source=rows, cache=False)
+    ds = instruct_dataset(tok("smollm2"), source=rows, cache=False)
     for i in range(len(ds)):  # numpy sample view == the list sample
         t, lab, s = ds.sample_arrays(i)
         assert (t.tolist(), lab.tolist(), s) == (ds[i]["tokens"], ds[i]["labels"], ds[i]["source_id"])
