@@ -48,11 +48,12 @@ def _check(got, want):
     ] + [-100]
 
 
-def test_chatml_qwen3(tok, rust):
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])  # SmolLM2: the repo's demo tokenizer, own ids
+def test_chatml(name, tok, rust):
     # ChatML: <|im_start|>{role}\n{content}<|im_end|>\n. torchtune's labels: every token of a turn takes
     # the turn's mask (an assistant turn trains its header); the newline after the last turn is masked
     # (torchtune's sample ends at <|im_end|>; tests/engine/data/test_torchtune_parity.py runs torchtune).
-    ref = rust("qwen3")
+    ref = rust(name)
 
     def enc(t):
         return ref.encode(t, add_special_tokens=False).ids
@@ -73,7 +74,7 @@ def test_chatml_qwen3(tok, rust):
         ],
     )
     assert want[0] == enc(text)  # the pieces tokenize like the whole conversation
-    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat()), want)
+    _check(tokenize_messages(tok(name), CONV, ChatMLFormat()), want)
     # mask_headers: only "{content}<|im_end|>" of assistant turns is trained.
     want_masked = _golden(
         enc,
@@ -88,13 +89,8 @@ def test_chatml_qwen3(tok, rust):
             ("\n", True),
         ],
     )
-    _check(tokenize_messages(tok("qwen3"), CONV, ChatMLFormat(mask_headers=True)), want_masked)
-    # SmolLM2 uses ChatML too, with its own ids.
-    s_ref = rust("smollm2")
-    assert (
-        tokenize_messages(tok("smollm2"), CONV, "chatml")[0]
-        == s_ref.encode(text, add_special_tokens=False).ids
-    )
+    _check(tokenize_messages(tok(name), CONV, ChatMLFormat(mask_headers=True)), want_masked)
+    assert tokenize_messages(tok(name), CONV, "chatml")[0] == enc(text)  # the format's name
 
 
 CONV_SPACED = [  # contents with surrounding whitespace, which Meta's format strips
@@ -128,18 +124,16 @@ def test_llama3_format(tok, rust, meta_llama3):
     assert labels[first_eot_of_user] == 128006
 
 
-def _sp(shared_assets):
+def _sp(mistral_dir):
     import sentencepiece
 
-    return sentencepiece.SentencePieceProcessor(
-        model_file=str(shared_assets / "tokenizers/mistral7b_v01/tokenizer.model")
-    )
+    return sentencepiece.SentencePieceProcessor(model_file=str(mistral_dir / "tokenizer.model"))
 
 
-def test_llama2_format(tok, shared_assets):
+def test_llama2_format(tok, tok_dir_of):
     # Meta's llama chat_completion: per exchange BOS + encode(f"[INST] {user} [/INST] {answer} ") + EOS,
     # system folded into the first user turn as "<<SYS>>\n{system}\n<</SYS>>\n\n".
-    sp = _sp(shared_assets)
+    sp = _sp(tok_dir_of("mistral7b_v01"))
     bos, eos = sp.bos_id(), sp.eos_id()
     first_prompt = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWhat is 2+2? [/INST]"
     ex1 = sp.encode(first_prompt + " It is 4. ")
@@ -153,10 +147,10 @@ def test_llama2_format(tok, shared_assets):
     _check(tokenize_messages(tok("mistral7b_v01"), CONV, Llama2ChatFormat()), (want_ids, want_mask))
 
 
-def test_mistral_format(tok, shared_assets):
+def test_mistral_format(tok, tok_dir_of):
     # Mistral v1: <s>[INST] {system}\n\n{user} [/INST]{answer}</s>[INST] {user} [/INST]{answer}</s>,
     # each instruction and answer encoded on its own.
-    sp = _sp(shared_assets)
+    sp = _sp(tok_dir_of("mistral7b_v01"))
     u1 = sp.encode("[INST] Be brief.\n\nWhat is 2+2? [/INST]")
     a1 = sp.encode("It is 4.")
     u2 = sp.encode("[INST] And 3+3? [/INST]")
@@ -168,16 +162,17 @@ def test_mistral_format(tok, shared_assets):
 
 TRAINED_TEMPLATE_TURNS = {  # default layout: each trained turn from its header to its end marker
     "qwen3": "<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSix.<|im_end|>",
+    "smollm2": "<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>assistant\nSix.<|im_end|>",
     "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\nIt is 4.<|eot_id|>"
     "<|start_header_id|>assistant<|end_header_id|>\n\nSix.<|eot_id|>",
 }
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3"])
-def test_tokenizer_own_template_matches_transformers(name, tok, rust, shared_assets):
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "smollm2"])
+def test_tokenizer_own_template_matches_transformers(name, tok, rust, tok_dir_of):
     from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(str(shared_assets / "tokenizers" / name))
+    hf = AutoTokenizer.from_pretrained(str(tok_dir_of(name)))
     conv = [{"role": m.role, "content": m.content} for m in CONV]
     want = hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=False)
     want = list(want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want)
@@ -189,13 +184,13 @@ def test_tokenizer_own_template_matches_transformers(name, tok, rust, shared_ass
     assert trained == ref.encode(TRAINED_TEMPLATE_TURNS[name], add_special_tokens=False).ids
     ids, mask = tokenize_messages(tok(name), CONV, TokenizerChatTemplate(mask_headers=True))
     assert ids == want
-    end = "<|im_end|>" if name == "qwen3" else "<|eot_id|>"
+    end = "<|eot_id|>" if name == "llama3" else "<|im_end|>"
     trained = [i for i, m in zip(ids, mask) if not m]
     assert trained == ref.encode(f"It is 4.{end}Six.{end}", add_special_tokens=False).ids
 
 
 def test_truncation_keeps_final_token(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     ids, mask = tokenize_messages(t, CONV, ChatMLFormat())
     short, smask = tokenize_messages(t, CONV, ChatMLFormat(), max_seq_len=20)
     assert len(short) == 20 and short[:19] == ids[:19] and short[-1] == ids[-1] and smask[-1] == mask[-1]
@@ -214,8 +209,8 @@ def test_tokenizer_template_train_on_input(tok, rust):
 
 
 @pytest.mark.parametrize("fmt", [Llama2ChatFormat(), MistralChatFormat()])
-def test_sentencepiece_backend_gives_the_same_ids(fmt, tok, shared_assets):
+def test_sentencepiece_backend_gives_the_same_ids(fmt, tok, tok_dir_of):
     from engine.data.tokenizers import load_tokenizer
 
-    sp_tok = load_tokenizer(shared_assets / "tokenizers/mistral7b_v01/tokenizer.model")
+    sp_tok = load_tokenizer(tok_dir_of("mistral7b_v01") / "tokenizer.model")
     assert tokenize_messages(sp_tok, CONV, fmt) == tokenize_messages(tok("mistral7b_v01"), CONV, fmt)

@@ -21,12 +21,16 @@ from engine.data import (
 MSGS = [Message("system", "Be brief.", True), Message("user", "What is 2+2?", True)]
 
 
-def test_chatml_and_llama3_prompts(tok, rust):
+@pytest.mark.parametrize("name", ["qwen3", "smollm2"])
+def test_chatml_prompt(name, tok, rust):
     text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
     assert (
-        tokenize_prompt(tok("qwen3"), MSGS, ChatMLFormat())
-        == rust("qwen3").encode(text, add_special_tokens=False).ids
+        tokenize_prompt(tok(name), MSGS, ChatMLFormat())
+        == rust(name).encode(text, add_special_tokens=False).ids
     )
+
+
+def test_llama3_prompt(tok, rust):
     text = (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -37,21 +41,19 @@ def test_chatml_and_llama3_prompts(tok, rust):
     )
 
 
-def test_mistral_prompt(tok, shared_assets):
+def test_mistral_prompt(tok, tok_dir_of):
     import sentencepiece
 
-    sp = sentencepiece.SentencePieceProcessor(
-        model_file=str(shared_assets / "tokenizers/mistral7b_v01/tokenizer.model")
-    )
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tok_dir_of("mistral7b_v01") / "tokenizer.model"))
     want = [sp.bos_id(), *sp.encode("[INST] Be brief.\n\nWhat is 2+2? [/INST]")]
     assert tokenize_prompt(tok("mistral7b_v01"), MSGS, MistralChatFormat()) == want
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3"])
-def test_tokenizer_template_prompt_matches_transformers(name, tok, shared_assets):
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "smollm2"])
+def test_tokenizer_template_prompt_matches_transformers(name, tok, tok_dir_of):
     from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(str(shared_assets / "tokenizers" / name))
+    hf = AutoTokenizer.from_pretrained(str(tok_dir_of(name)))
     want = hf.apply_chat_template(
         [{"role": m.role, "content": m.content} for m in MSGS], tokenize=True, add_generation_prompt=True
     )
@@ -67,7 +69,7 @@ def test_plain_prompt_has_no_eos(tok, rust):
 
 
 def test_prompt_dataset_on_gsm8k(tok, data_dir):
-    t = tok("qwen3")
+    t = tok("smollm2")
     ds = prompt_dataset(
         t,
         source=str(data_dir / "gsm8k_test.jsonl"),
@@ -96,7 +98,7 @@ def test_prompt_dataset_on_gsm8k(tok, data_dir):
 
 
 def test_demo_prompts(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     ds = demo_prompt_dataset(t, n=40)
     assert len(ds) == 40
     text = t.decode(ds[0]["prompt_tokens"], skip_special_tokens=False)

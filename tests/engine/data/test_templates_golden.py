@@ -87,7 +87,7 @@ def _prompt_tokens(ref, prompt: str, body: str) -> int:
     return sum(end <= len(prompt) for _, end in enc.offsets)
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral7b_v01", "qwen3"])
+@pytest.mark.parametrize("name", ["llama3", "mistral7b_v01", "qwen3", "smollm2"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_template_tokens_and_labels(case, name, tok, rust):
     template, row, prompt = CASES[case]
@@ -100,14 +100,14 @@ def test_template_tokens_and_labels(case, name, tok, rust):
     # which is then trained.
     n_prompt = _prompt_tokens(ref, prompt, prompt + row["output"])
     # Mistral and Llama 3 start with BOS (the llama3 tokenizer.json's post-processor adds none, Meta's
-    # tokenizer always does); Qwen3 has no BOS.
-    bos = {"llama3": [128000], "mistral7b_v01": [1], "qwen3": []}[name]
+    # tokenizer always does); Qwen3 and SmolLM2 (the repo's demo tokenizer) add none.
+    bos = {"llama3": [128000], "mistral7b_v01": [1], "qwen3": [], "smollm2": []}[name]
     assert ids == bos + body + [t.eos_id]
     assert mask == [True] * (len(bos) + n_prompt) + [False] * (len(body) - n_prompt + 1)
 
 
 def test_train_on_input_trains_prompt(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     template, row, _ = CASES[0]
     _, mask = tokenize_messages(t, InputOutputToMessages(template, train_on_input=True)(row))
     assert not any(mask)
@@ -135,7 +135,7 @@ def test_stack_exchange_preference_golden(tok, rust):
 
 
 def test_dotted_string_and_instance_both_accepted(tok):
-    t = tok("qwen3")
+    t = tok("smollm2")
     rows = [{"instruction": "Say hi.", "output": "Hi!"}]
     a = instruct_dataset(t, source=rows, template="engine.data.AlpacaInstructTemplate", cache=False)
     b = instruct_dataset(t, source=rows, template=AlpacaInstructTemplate(), cache=False)

@@ -45,19 +45,19 @@ def test_qwen3_template_thinking_switch(tok_dir):
     assert tok.apply_chat_template(CONVERSATION[:2]) == head[: head.index("<|im_start|>assistant")]
 
 
-def test_matches_transformers(tok_dir):
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "smollm2"])
+def test_matches_transformers(tok_dir, tok_dir_of, name):
     transformers = pytest.importorskip("transformers")
-    for name in ("qwen3", "llama3"):
-        ref = transformers.AutoTokenizer.from_pretrained(str(tok_dir / name))
-        tok = load_tokenizer(tok_dir / name)
-        for gen in (False, True):
-            expected = ref.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=gen)
-            assert tok.apply_chat_template(CONVERSATION, add_generation_prompt=gen) == expected
-            ids = ref.apply_chat_template(CONVERSATION, tokenize=True, add_generation_prompt=gen)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            assert tok.apply_chat_template(CONVERSATION, add_generation_prompt=gen, tokenize=True) == list(
-                ids
-            )
+    # SmolLM2's own template (the shared tokenizer.json has no tokenizer_config.json): the repo's rebuild
+    folder = tok_dir_of(name) if name == "smollm2" else tok_dir / name
+    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok = load_tokenizer(folder)
+    for gen in (False, True):
+        expected = ref.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=gen)
+        assert tok.apply_chat_template(CONVERSATION, add_generation_prompt=gen) == expected
+        ids = ref.apply_chat_template(CONVERSATION, tokenize=True, add_generation_prompt=gen)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert tok.apply_chat_template(CONVERSATION, add_generation_prompt=gen, tokenize=True) == list(ids)
 
 
 def test_template_errors_are_one_line():
