@@ -32,6 +32,7 @@ from engine.data.demo import (
     demo_preference_dataset,
     demo_preference_rows,
     demo_rows,
+    demo_unpaired_dataset,
     extract_answer,
 )
 from engine.data.errors import DataError
@@ -80,6 +81,7 @@ from engine.data.tokenize import (
     tokenize_messages_batch,
     tokenize_prompt,
 )
+from engine.data.unpaired import UnpairedDataset, padded_collate_unpaired, unpaired_dataset
 
 __all__ = [
     "IGNORE_INDEX",
@@ -127,6 +129,7 @@ __all__ = [
     "demo_preference_rows",
     "demo_prompt_dataset",
     "demo_rows",
+    "demo_unpaired_dataset",
     "extract_answer",
     "grammar_dataset",
     "gsm8k_dataset",
@@ -150,5 +153,8 @@ __all__ = [
     "tokenize_messages",
     "tokenize_messages_batch",
     "tokenize_prompt",
+    "unpaired_dataset",
+    "UnpairedDataset",
+    "padded_collate_unpaired",
     "wikitext_dataset",
 ]

@@ -101,6 +101,9 @@ class _Convert:
                 _trained(tokenize_messages(tok, chosen, fmt, n), "chosen"),
                 _trained(tokenize_messages(tok, rejected, fmt, n), "rejected"),
             )
+        if self.kind == "unpaired":  # (ids, mask, desirable)
+            msgs, desirable = self.transform(row)
+            return (*_trained(tokenize_messages(tok, msgs, fmt, n), "completion"), desirable)
         return _trained(tokenize_messages(tok, self.transform(row), fmt, n), "output")
 
     def convert_batch(self, rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
@@ -108,9 +111,12 @@ class _Convert:
         convs: list[list] = []
         owners: list[int] = []  # row index of each conversation (two per preference row)
         out: list[tuple[str, Any]] = [("ok", None)] * len(rows)
+        flags: dict[int, bool] = {}  # unpaired rows: desirable or not
         for k, row in enumerate(rows):
             try:
                 msgs = self.transform(row)
+                if self.kind == "unpaired":
+                    msgs, flags[k] = msgs
             except RowError as exc:
                 out[k] = ("bad", exc)
                 continue
@@ -118,7 +124,9 @@ class _Convert:
             convs += pair
             owners += [k] * len(pair)
         results = tokenize_messages_batch(self.tokenizer, convs, self.chat_format, self.max_seq_len)
-        names = ("chosen", "rejected") if self.kind == "preference" else ("output",)
+        names = {"preference": ("chosen", "rejected"), "unpaired": ("completion",)}.get(
+            self.kind, ("output",)
+        )
         got: dict[int, list] = {}
         for k, res in zip(owners, results):
             got.setdefault(k, []).append(res)
@@ -129,6 +137,8 @@ class _Convert:
                     if isinstance(res, RowError):
                         raise res
                     values.append(_trained(res, what))
+                if self.kind == "unpaired":
+                    values[0] = (*values[0], flags[k])
                 out[k] = ("ok", tuple(values) if self.kind == "preference" else values[0])
             except RowError as exc:
                 out[k] = ("bad", exc)
@@ -427,7 +437,8 @@ def build_tokenized(
     sample_by: str = "line",
     num_proc: int = 1,
 ) -> TokenizedDataset | PreferenceDataset:
-    """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft" or "preference"."""
+    """Load, convert, tokenize (or fetch from the cache) one source. `kind` is "sft", "preference" or
+    "unpaired" (KTO rows; see engine.data.unpaired)."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
         raise DataError(
             f"max_seq_len (of the dataset): must be an integer >= 2, got {max_seq_len!r}; set it to the "
@@ -465,6 +476,11 @@ def build_tokenized(
                 c = _Flat(arrays["c_tokens"], arrays["c_mask"], arrays["c_offsets"])
                 r = _Flat(arrays["r_tokens"], arrays["r_mask"], arrays["r_offsets"])
                 return PreferenceDataset(c, r, name=name, pad_id=pad_id, report=report)
+            if kind == "unpaired":
+                from engine.data.unpaired import UnpairedDataset
+
+                flat = _Flat(arrays["tokens"], arrays["mask"], arrays["offsets"])
+                return UnpairedDataset(flat, arrays["desirable"], name=name, pad_id=pad_id, report=report)
             return TokenizedDataset(
                 _Flat(arrays["tokens"], arrays["mask"], arrays["offsets"]),
                 name=name,
@@ -504,7 +520,23 @@ def build_tokenized(
                 meta,
             )
         return PreferenceDataset(c, r, name=name, pad_id=pad_id, report=report)
+    desirable = None
+    if kind == "unpaired":  # (ids, mask, desirable) per row
+        desirable = np.array([o[2] for o in out], dtype=bool)
+        out = [o[:2] for o in out]
     flat = _Flat.build(out)
+    if desirable is not None:
+        from engine.data.unpaired import UnpairedDataset
+
+        if key is not None:
+            arrays = {
+                "tokens": flat.tokens,
+                "mask": flat.mask,
+                "offsets": flat.offsets,
+                "desirable": desirable,
+            }
+            data_cache.save(key, arrays, meta)
+        return UnpairedDataset(flat, desirable, name=name, pad_id=pad_id, report=report)
     if key is not None:
         data_cache.save(key, {"tokens": flat.tokens, "mask": flat.mask, "offsets": flat.offsets}, meta)
     return TokenizedDataset(flat, name=name, pad_id=pad_id, report=report)

@@ -244,6 +244,43 @@ def demo_preference_dataset(
     )
 
 
+def demo_unpaired_dataset(
+    tokenizer,
+    *,
+    n: int = 1000,
+    seed: int = 0,
+    split: str = "train",
+    chat_format: Any = "auto",
+    max_seq_len: int | None = None,
+    cache: bool = True,
+):
+    """KTO's unpaired data over the demo problems (an `unpaired_dataset`): each question appears once,
+    with its worked answer (``label: true``) or, every other row, the answer with a wrong result
+    (``label: false``); `chat_format` as in `demo_dataset`."""
+    from engine.data.templates import QuestionAnswerTemplate
+    from engine.data.unpaired import unpaired_dataset
+
+    if chat_format == "auto":
+        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
+    rows = [
+        {
+            "question": row["question"],
+            "completion": row["chosen" if i % 2 == 0 else "rejected"],
+            "label": i % 2 == 0,
+        }
+        for i, row in enumerate(demo_preference_rows(n, seed, split))
+    ]
+    return unpaired_dataset(
+        tokenizer,
+        source=rows,
+        template=QuestionAnswerTemplate() if chat_format is None else "{question}",
+        chat_format=chat_format,
+        max_seq_len=max_seq_len,
+        name="demo_unpaired",
+        cache=cache,
+    )
+
+
 def extract_answer(text: str) -> str | None:
     """The text after the last ``####`` of a completion (stripped), or None when there is none."""
     if "####" not in text:

@@ -11,9 +11,12 @@ Reference-free losses (`ORPOLoss`, `SimPOLoss`: `loss_fn.reference_free`) get th
 response lengths instead, and no reference is built or run. `KTOLoss` treats every pair as two
 unpaired examples (chosen desirable, rejected undesirable) and estimates its KL reference point from
 mismatched prompt/response rows of the same micro-batch (one more policy and reference forward, no grad).
+With an unpaired dataset (`engine.data.unpaired_dataset`: prompt, completion, label rows) KTO runs on
+its labelled completions as they are (`[B,S]`, a `desirable [B]` mask); only KTOLoss takes such data.
 
 Logged per step: `loss`, `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy`
-(fraction of pairs whose chosen reward exceeds the rejected one), `logps/chosen`, `logps/rejected`,
+(fraction of pairs whose chosen reward exceeds the rejected one; unpaired data: of the micro-batch's
+(desirable, undesirable) couples whose desirable reward is higher), `logps/chosen`, `logps/rejected`,
 `lr`, `grad_norm`, `tokens_per_sec`, memory. Exit codes as in SFT: 0 done or stopped by SIGTERM
 (checkpoint first), 1 NaN loss, 2 bad config (one line).
 """
@@ -69,10 +72,13 @@ CONFIG_SCHEMA = Schema(
         ),
         "dataset": shared(
             "dataset",
-            "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
+            "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...); "
+            "KTOLoss also takes unpaired_dataset (prompt, completion, label)",
             controls=(),
         ),  # fmt: skip
-        "batch_size": shared("batch_size", "preference pairs per micro-batch on each rank"),
+        "batch_size": shared(
+            "batch_size", "preference pairs (unpaired data: examples) per micro-batch on each rank"
+        ),
         **shared_fields("gradient_accumulation_steps"),
         "epochs": shared("epochs", "passes over the pairs"),
         **shared_fields("max_steps_per_epoch"),
@@ -162,16 +168,32 @@ class DPORecipe:
     def _setup_data(self) -> None:
         from engine.data import build_dataset
         from engine.data.collate import padded_collate_dpo
+        from engine.data.unpaired import padded_collate_unpaired
 
         dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
-        if len(dataset) and "chosen_tokens" not in dataset[0]:
+        self.unpaired = bool(len(dataset)) and "desirable" in dataset[0]
+        if self.unpaired and not isinstance(self.loss_fn, KTOLoss):
             raise ConfigError(
-                "DPO needs preference pairs (chosen/rejected)",
-                hint="use preference_dataset, "
-                "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
+                f"unpaired data (prompt, completion, label) needs loss KTOLoss, not {type(self.loss_fn).__name__}",
+                hint="set loss._component_: engine.modules.loss.KTOLoss or use a preference dataset",
                 field="dataset",
             )
+        if self.unpaired and self.batch_size < 2:
+            raise ConfigError(
+                "KTO on unpaired data needs >= 2 examples per micro-batch (its KL estimate pairs each prompt "
+                "with another example's completion)",
+                hint="raise it to 4 or more",
+                field="batch_size",
+            )
+        if len(dataset) and not self.unpaired and "chosen_tokens" not in dataset[0]:
+            raise ConfigError(
+                "DPO needs preference pairs (chosen/rejected)",
+                hint="use preference_dataset, hh_rlhf_dataset, stack_exchange_paired_dataset or "
+                "demo_preference_dataset (KTOLoss: also unpaired_dataset)",
+                field="dataset",
+            )
+        collate = padded_collate_unpaired if self.unpaired else padded_collate_dpo
         self.sampler = EpochBatchSampler(
             len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
             seed=self.seed, shuffle=bool(self.cfg["shuffle"]),
@@ -179,7 +201,7 @@ class DPORecipe:
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
-            collate_fn=partial(padded_collate_dpo, pad_id=self.tokenizer.pad_id),
+            collate_fn=partial(collate, pad_id=self.tokenizer.pad_id),
         )
         per_epoch = len(self.sampler) // self.accum
         if per_epoch < 1:
@@ -238,6 +260,47 @@ class DPORecipe:
         losses, rewards, z0 = self.loss_fn(logps, ref_logps, desirable, kl_policy, kl_ref)
         return losses, rewards[:B], rewards[B:], {"kl": float(z0)}
 
+    def _micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """`(losses, stats [11], kl)` of one micro-batch; stats as `train` sums them."""
+        if self.unpaired:
+            return self._unpaired_micro_batch(batch)
+        B = batch["chosen_tokens"].shape[0]
+        logps = self._sequence_logps(self.model, batch)  # [2B]
+        losses, r_c, r_r, extra = self._losses(batch, logps, B)
+        # per pair (DPO, ORPO, SimPO: [B]) or per example (KTO: [2B]); equal counts per micro-batch
+        stats = torch.stack([
+            losses.detach().mean() * B, torch.tensor(float(B)), r_c.sum(), r_r.sum(), (r_c > r_r).sum(),
+            logps[:B].detach().sum(), logps[B:].detach().sum(),
+            (batch["chosen_labels"] != -100).sum() + (batch["rejected_labels"] != -100).sum(),
+            torch.tensor(float(B)), torch.tensor(float(B)), torch.tensor(float(B)),
+        ]).double()  # fmt: skip
+        return losses, stats, extra.get("kl", 0.0)
+
+    def _unpaired_micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """KTO on labelled completions: `tokens`/`labels [N,S]`, `desirable [N]`."""
+        from engine.modules.loss.kto import mismatched_pairs
+
+        tokens, labels, good = batch["tokens"], batch["labels"], batch["desirable"]
+        logps = token_logprobs(self.model, tokens, labels, position_ids=batch["position_ids"]).sum(1)  # [N]
+        ref_model, ctx = reference_context(self.model, self.reference)
+        kl_tokens, kl_labels = mismatched_pairs(tokens, labels, self.tokenizer.pad_id)
+        with torch.no_grad():
+            kl_policy = token_logprobs(self.model, kl_tokens, kl_labels).sum(1)  # [N]
+            with ctx:
+                ref_logps = token_logprobs(ref_model, tokens, labels, position_ids=batch["position_ids"]).sum(
+                    1
+                )
+                kl_ref = token_logprobs(ref_model, kl_tokens, kl_labels).sum(1)
+        losses, rewards, z0 = self.loss_fn(logps, ref_logps, good, kl_policy, kl_ref)
+        r_c, r_r = rewards[good], rewards[~good]
+        N, lp = tokens.shape[0], logps.detach()
+        stats = torch.stack([
+            losses.detach().mean() * N, torch.tensor(float(N)), r_c.sum(), r_r.sum(),
+            (r_c[:, None] > r_r[None, :]).sum(), lp[good].sum(), lp[~good].sum(), (labels != -100).sum(),
+            good.sum(), (~good).sum(), torch.tensor(float(r_c.numel() * r_r.numel())),
+        ]).double()  # fmt: skip
+        return losses, stats, float(z0)
+
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
         from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
@@ -250,25 +313,19 @@ class DPORecipe:
         while self.epoch < self.epochs and self.global_step < self.total_steps:
             self.sampler.set_epoch(self.epoch, skip=self.batches_in_epoch)
             step_in_epoch = self.batches_in_epoch // self.accum
-            # [loss sum, pairs, chosen reward sum, rejected reward sum, correct, chosen logps, rejected logps, tokens]
-            stats = torch.zeros(8, dtype=torch.float64, device=self.device)
+            # [loss sum, pairs (examples), chosen reward sum, rejected reward sum, correct, chosen logps,
+            #  rejected logps, tokens, chosen count, rejected count, compared couples]
+            stats = torch.zeros(11, dtype=torch.float64, device=self.device)
             kl_sum = 0.0  # KTO's reference point, summed over the step's micro-batches
             t0 = time.perf_counter()
             for batch in self.loader:
                 if step_in_epoch >= self.steps_per_epoch:
                     break
                 batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
-                B = batch["chosen_tokens"].shape[0]
-                logps = self._sequence_logps(self.model, batch)  # [2B]
-                losses, r_c, r_r, extra = self._losses(batch, logps, B)
-                # per pair (DPO, ORPO, SimPO: [B]) or per example (KTO: [2B]); equal counts per micro-batch
+                losses, micro_stats, kl = self._micro_batch(batch)
                 (losses.mean() / self.accum).backward()
-                kl_sum += extra.get("kl", 0.0)
-                stats += torch.stack([
-                    losses.detach().mean() * B, torch.tensor(float(B)), r_c.sum(), r_r.sum(), (r_c > r_r).sum(),
-                    logps[:B].detach().sum(), logps[B:].detach().sum(),
-                    (batch["chosen_labels"] != -100).sum() + (batch["rejected_labels"] != -100).sum(),
-                ]).double()  # fmt: skip
+                kl_sum += kl
+                stats += micro_stats.to(stats.device)
                 self.batches_in_epoch += 1
                 if self.batches_in_epoch % self.accum:
                     continue
@@ -295,12 +352,12 @@ class DPORecipe:
                 self.tokens_total += int(t[7])
                 metrics = {
                     "loss": step_loss,
-                    "rewards/chosen": t[2] / n,
-                    "rewards/rejected": t[3] / n,
-                    "rewards/margin": (t[2] - t[3]) / n,
-                    "rewards/accuracy": t[4] / n,
-                    "logps/chosen": t[5] / n,
-                    "logps/rejected": t[6] / n,
+                    "rewards/chosen": t[2] / max(t[8], 1.0),
+                    "rewards/rejected": t[3] / max(t[9], 1.0),
+                    "rewards/margin": t[2] / max(t[8], 1.0) - t[3] / max(t[9], 1.0),
+                    "rewards/accuracy": t[4] / max(t[10], 1.0),
+                    "logps/chosen": t[5] / max(t[8], 1.0),
+                    "logps/rejected": t[6] / max(t[9], 1.0),
                     "lr": float(lr),
                     "grad_norm": float(
                         grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm

@@ -5,6 +5,9 @@ Prompts are `<bos>XYZW>` (the first digit X, then `distractors` random digits); 
 is `(X+1) mod 10`, the rejected one any other digit. With 3 distractors there are 10^4 prompts, so a
 held-out split holds prompts the model never saw: to score it, the model has to learn the rule (read
 the first digit), not memorise sequences. Uses `engine.rl.toy_task.DigitTokenizer`.
+
+`DigitUnpaired` is the same task as KTO's unpaired data: each prompt appears once, with either the
+right digit (desirable) or a wrong one (undesirable), never both.
 """
 
 from __future__ import annotations
@@ -60,3 +63,45 @@ def digit_preference_dataset(
 ) -> DigitPreferencePairs:
     """Builder for configs (`_component_: engine.rl.toy_preferences.digit_preference_dataset`)."""
     return DigitPreferencePairs(tokenizer, n=n, distractors=distractors, seed=seed)
+
+
+class DigitUnpaired(Dataset):
+    """`n` unpaired samples (`tokens`, `labels`, `desirable`, `source_id`) as `padded_collate_unpaired`
+    expects; a share `desirable_share` of them desirable (the right digit), the rest a wrong digit."""
+
+    def __init__(
+        self, tokenizer, *, n: int = 512, distractors: int = 3, desirable_share: float = 0.5, seed: int = 0
+    ) -> None:
+        if n < 1 or distractors < 0 or not 0.0 < desirable_share < 1.0:
+            raise ValueError(
+                f"n ({n}) must be >= 1, distractors ({distractors}) >= 0, desirable_share in (0, 1)"
+            )
+        r = random.Random(seed)
+        self.source_names = ["digit_unpaired"]
+        self._rows = []
+        for _ in range(n):
+            digits = [r.randrange(10) for _ in range(1 + distractors)]
+            good = (digits[0] + 1) % 10
+            desirable = r.random() < desirable_share
+            answer = good if desirable else r.choice([d for d in range(10) if d != good])
+            prompt = tokenizer.encode("".join(map(str, digits)) + ">", add_bos=True, add_eos=False)
+            self._rows.append(
+                (_sample(prompt, tokenizer.encode(str(answer), add_bos=False, add_eos=True)), desirable)
+            )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def lengths(self) -> list[int]:
+        return [len(t) for (t, _), _ in self._rows]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        (tokens, labels), desirable = self._rows[i]
+        return {"tokens": list(tokens), "labels": list(labels), "desirable": desirable, "source_id": 0}
+
+
+def digit_unpaired_dataset(
+    tokenizer, *, n: int = 512, distractors: int = 3, desirable_share: float = 0.5, seed: int = 0
+) -> DigitUnpaired:
+    """Builder for configs (`_component_: engine.rl.toy_preferences.digit_unpaired_dataset`)."""
+    return DigitUnpaired(tokenizer, n=n, distractors=distractors, desirable_share=desirable_share, seed=seed)
