@@ -182,7 +182,7 @@ def test_f32_gguf_gives_transformers_the_same_logits(tmp_path):
     ]
 
 
-def test_smollm2_tokenizer_rebuilt_from_real_gguf(shared_assets):
+def test_smollm2_tokenizer_rebuilt_from_real_gguf(real_assets):
     from tokenizers import Tokenizer
 
     from engine.checkpoint.gguf import _open, _tokenizer
@@ -194,7 +194,8 @@ def test_smollm2_tokenizer_rebuilt_from_real_gguf(shared_assets):
         pytest.skip(str(exc))
     tok_json, tok_cfg = _tokenizer(_open(path), path)
     rebuilt = Tokenizer.from_str(tok_json)
-    ref = Tokenizer.from_file(str(shared_assets / "tokenizers" / "smollm2" / "tokenizer.json"))
+    real = real_assets("it compares the rebuilt tokenizer with SmolLM2's published tokenizer.json")
+    ref = Tokenizer.from_file(str(real / "tokenizers" / "smollm2" / "tokenizer.json"))
     texts = [
         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
         "Numbers 1234567 and 3.14, code: def f(x): return x**2",
@@ -226,7 +227,7 @@ def test_bad_files_one_line(tmp_path):
     assert list(tmp_path.glob(".out.*")) == []  # nothing half-written
 
 
-def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(shared_assets, tmp_path):
+def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(real_assets, tmp_path):
     """Llama-2/Mistral GGUFs carry a SentencePiece vocabulary (pieces, scores, types); the rebuilt
     tokenizer must encode as Mistral's own tokenizer.json does."""
     import gguf
@@ -235,7 +236,8 @@ def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(shared_assets, tmp_p
 
     from engine.checkpoint.gguf import _open, _tokenizer
 
-    src = shared_assets / "tokenizers" / "mistral7b_v01"
+    real = real_assets("it rebuilds the real Mistral 7B v0.1 SentencePiece vocabulary and compares encodings")
+    src = real / "tokenizers" / "mistral7b_v01"
     sp = spm.SentencePieceProcessor(model_file=str(src / "tokenizer.model"))
     n = sp.GetPieceSize()
     types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 6 if sp.IsByte(i) else 1 for i in range(n)]

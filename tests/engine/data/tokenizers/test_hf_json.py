@@ -68,13 +68,11 @@ def test_encode_batch_matches_encode(tok_dir):
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.text(max_size=80))
 def test_random_text_ids_equal_library(text):
-    from pathlib import Path
+    from conftest import SHARED_ASSETS
 
-    path = (
-        Path(__file__).resolve().parents[5] / "shared" / "assets" / "tokenizers" / "qwen3" / "tokenizer.json"
-    )
-    if not path.is_file():
-        pytest.skip("shared assets absent")
+    path = SHARED_ASSETS / "tokenizers" / "qwen3" / "tokenizer.json"
+    if not path.is_file():  # a fixture would be shared across hypothesis examples
+        pytest.skip(f"{path} is absent: it checks the real Qwen3 tokenizer (NFC normaliser, byte-level BPE)")
     tok, ref = _cached(path)
     assert tok.encode(text, add_bos=False, add_eos=False) == ref.encode(text, add_special_tokens=False).ids
     # Qwen's tokenizer.json normalises to NFC, so the round trip gives the NFC form of the text.
