@@ -8,7 +8,7 @@ Every dataset has `source_names` (list of names; a sample's `source_id` indexes 
 for the single-source datasets here `skipped` (rows dropped by `skip_bad_rows`) and `filtered`
 (rows dropped by `filter_fn` or, for plain text, blank rows).
 
-Length: just over 500 lines: the one tokenization pass (rows -> ids + masks, batched) and the flat
+Length: about 550 lines: the one tokenization pass (rows -> ids + masks, batched) and the flat
 numpy storage it writes belong together; formats and templates live in their own modules.
 """
 

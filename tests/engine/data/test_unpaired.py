@@ -68,3 +68,22 @@ def test_bad_rows_name_file_row_and_field(tmp_path, row, field, what):
     assert re.search(what, msg), msg
     ds = unpaired_dataset(DigitTokenizer(), source=src, cache=False, skip_bad_rows=True)
     assert len(ds) == 1 and ds.skipped == 1
+
+
+def test_demo_unpaired_round_trips_through_the_cache(tmp_path, monkeypatch):
+    from engine.data import demo_preference_rows, demo_unpaired_dataset
+    from engine.data.cache import cache_dir
+    from engine.training.model_setup import build_tokenizer
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
+    tok = build_tokenizer({"_component_": "engine.data.tokenizers.load_tokenizer", "path": "demo"})
+    fresh = demo_unpaired_dataset(tok, n=6, max_seq_len=192)
+    assert len(list(cache_dir().glob("*.npz"))) == 1
+    cached = demo_unpaired_dataset(tok, n=6, max_seq_len=192)
+    assert fresh.desirable.tolist() == cached.desirable.tolist() == [True, False] * 3
+    assert [fresh[i] for i in range(6)] == [cached[i] for i in range(6)]
+    rows = demo_preference_rows(6)
+    for i in range(6):  # the loss is on the completion (right answer, then a wrong one), not the question
+        trained = tok.decode([t for t in fresh[i]["labels"] if t != -100])
+        assert rows[i]["chosen" if i % 2 == 0 else "rejected"] in trained
+        assert rows[i]["question"] not in trained

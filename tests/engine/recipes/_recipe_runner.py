@@ -5,15 +5,16 @@ from __future__ import annotations
 import signal
 
 
-def train_in_process(recipe_cls, check_config, cfg: dict):
-    """Check `cfg`, set up, train and clean up `recipe_cls(cfg)`; the SIGTERM handler the recipe
-    installs is put back afterwards. Returns the recipe (its `history`, `model`, ...)."""
+def train_in_process(recipe_cls, check_config, cfg: dict, *, train: bool = True):
+    """Check `cfg`, set up, train (unless `train=False`) and clean up `recipe_cls(cfg)`; the SIGTERM
+    handler the recipe installs is put back afterwards. Returns the recipe (its `history`, `model`, ...)."""
     check_config(cfg)
     previous = signal.getsignal(signal.SIGTERM)
     recipe = recipe_cls(cfg)
     try:
         recipe.setup()
-        recipe.train()
+        if train:
+            recipe.train()
     finally:
         recipe.cleanup()
         signal.signal(signal.SIGTERM, previous)

@@ -5,12 +5,12 @@ rows built by hand), and a short run on unpaired digit data ranks held-out pairs
 from __future__ import annotations
 
 import math
-import signal
 
 import pytest
 import torch
 
 from engine.config import ConfigError
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TINY = {
     "_component_": "engine.models.llama3.llama3",
@@ -37,17 +37,7 @@ def config(out, **over):
 def make(cfg, *, train: bool):
     from engine.recipes.dpo import DPORecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = DPORecipe(cfg)
-    try:
-        recipe.setup()
-        if train:
-            recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(DPORecipe, check_config, cfg, train=train)
 
 
 def _completion_logp(model, prompt: list[int], completion: list[int]) -> float:

@@ -3,10 +3,10 @@ the preference accuracy rises over a short run; reference-free losses build no r
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import torch
+
+from tests.engine.recipes._recipe_runner import train_in_process
 
 TINY = {
     "_component_": "engine.models.llama3.llama3",
@@ -37,16 +37,7 @@ def config(out, loss, **over):
 def run(cfg):
     from engine.recipes.dpo import DPORecipe, check_config
 
-    check_config(cfg)
-    previous = signal.getsignal(signal.SIGTERM)
-    recipe = DPORecipe(cfg)
-    try:
-        recipe.setup()
-        recipe.train()
-    finally:
-        recipe.cleanup()
-        signal.signal(signal.SIGTERM, previous)
-    return recipe
+    return train_in_process(DPORecipe, check_config, cfg)
 
 
 @pytest.mark.parametrize(
