@@ -132,11 +132,12 @@ def snap_home(tunebench_home, tmp_path, monkeypatch):
     time.tzset()
 
 
-async def _until(pilot, predicate, timeout: float = 30.0) -> None:
+async def _until(pilot, predicate, timeout: float = 60.0, state=None) -> None:
+    """Wait (generously: CI shares 2 cores) for `predicate`; on a timeout say what `state()` shows."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not predicate():
         await pilot.pause(0.1)
-    assert predicate(), "screen did not reach the state to snapshot"
+    assert predicate(), f"screen did not reach the state to snapshot: {state() if state else ''}"
     await pilot.pause(0.3)
 
 
@@ -170,7 +171,14 @@ def test_compare_screen(snap_compare, snap_home):
         await _until(pilot, lambda: len(getattr(pilot.app.screen, "data", {})) == 2)
         # the evaluation table appears with the data and takes rows from the plot: wait for that layout
         table = pilot.app.screen.query_one("EvalTable")
-        await _until(pilot, lambda: table.row_count == 2 and table.display and table.size.height > 0)
+        await _until(
+            pilot,
+            lambda: table.row_count == 2 and table.display and table.size.height > 0,
+            state=lambda: (
+                f"eval rows {table.row_count}, display {table.display}, height {table.size.height}, "
+                f"classes {sorted(table.classes)}, evals {getattr(pilot.app.screen, 'evals', None)}"
+            ),
+        )
 
     assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
 
