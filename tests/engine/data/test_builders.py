@@ -49,12 +49,12 @@ def test_gsm8k_preset_local_with_max_seq_len(tok, data_dir):
     assert all(ds[i]["tokens"][-1] == t.eos_id for i in range(40))  # truncation keeps EOS
 
 
-def test_chat_sharegpt_local(tok, shared_data):
+def test_chat_sharegpt_local(tok, data_dir):
     t = tok("smollm2")
     ds = chat_dataset(
-        t, source=str(shared_data / "dummy_conversation.json"), split="train[:20]", chat_format="chatml"
+        t, source=str(data_dir / "dummy_conversation.json"), split="train[:20]", chat_format="chatml"
     )
-    conv = json.loads((shared_data / "dummy_conversation.json").read_text())[0]["conversations"]
+    conv = json.loads((data_dir / "dummy_conversation.json").read_text())[0]["conversations"]
     # torchtune's layout: a trained turn trains "<|im_start|>assistant\n{content}<|im_end|>\n"; the
     # newline after the last turn is masked.
     gpt = [turn["value"] for turn in conv if turn["from"] == "gpt"]
@@ -62,7 +62,7 @@ def test_chat_sharegpt_local(tok, shared_data):
     assert _trained_text(t, ds[0]) == answers.removesuffix("\n")
     masked = chat_dataset(
         t,
-        source=str(shared_data / "dummy_conversation.json"),
+        source=str(data_dir / "dummy_conversation.json"),
         split="train[:20]",
         chat_format="chatml",
         mask_headers=True,
@@ -83,14 +83,14 @@ def test_chat_openai_tokenizer_template(tok, tmp_path):
     assert _trained_text(t, ds[2]).endswith("2.<|im_end|>")
 
 
-def test_preference_hh_gz(tok, shared_data):
+def test_preference_hh_gz(tok, data_dir):
     t = tok("smollm2")
     ds = hh_rlhf_dataset(
-        t, source=str(shared_data / "hh_harmless_base_test.jsonl.gz"), split="train[:30]", max_seq_len=256
+        t, source=str(data_dir / "hh_harmless_base_test.jsonl.gz"), split="train[:30]", max_seq_len=256
     )
     assert len(ds) + ds.skipped == 30
     s = ds[0]
-    row = json.loads(gzip.open(shared_data / "hh_harmless_base_test.jsonl.gz", "rt").readline())
+    row = json.loads(gzip.open(data_dir / "hh_harmless_base_test.jsonl.gz", "rt").readline())
     last = row["chosen"].rsplit("\n\nAssistant: ", 1)[1]
     trained = t.decode([x for x in s["chosen_labels"] if x != -100])
     assert trained.strip() == last.strip()[: len(trained.strip())]
