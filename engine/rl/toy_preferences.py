@@ -67,12 +67,21 @@ def digit_preference_dataset(
 
 class DigitUnpaired(Dataset):
     """`n` unpaired samples (`tokens`, `labels`, `desirable`, `source_id`) as `padded_collate_unpaired`
-    expects; a share `desirable_share` of them desirable (the right digit), the rest a wrong digit."""
+    expects; a share `desirable_share` of them desirable (the right digit), the rest a wrong digit:
+    any other one, or with `wrong_offset` k always `(X+1+k) mod 10` (one tempting mistake, which
+    plain likelihood on every completion would learn too)."""
 
     def __init__(
-        self, tokenizer, *, n: int = 512, distractors: int = 3, desirable_share: float = 0.5, seed: int = 0
+        self,
+        tokenizer,
+        *,
+        n: int = 512,
+        distractors: int = 3,
+        desirable_share: float = 0.5,
+        wrong_offset: int | None = None,
+        seed: int = 0,
     ) -> None:
-        if n < 1 or distractors < 0 or not 0.0 < desirable_share < 1.0:
+        if n < 1 or distractors < 0 or not 0.0 < desirable_share < 1.0 or wrong_offset in (0, 10):
             raise ValueError(
                 f"n ({n}) must be >= 1, distractors ({distractors}) >= 0, desirable_share in (0, 1)"
             )
@@ -83,7 +92,12 @@ class DigitUnpaired(Dataset):
             digits = [r.randrange(10) for _ in range(1 + distractors)]
             good = (digits[0] + 1) % 10
             desirable = r.random() < desirable_share
-            answer = good if desirable else r.choice([d for d in range(10) if d != good])
+            wrong = (
+                r.choice([d for d in range(10) if d != good])
+                if wrong_offset is None
+                else (good + wrong_offset) % 10
+            )
+            answer = good if desirable else wrong
             prompt = tokenizer.encode("".join(map(str, digits)) + ">", add_bos=True, add_eos=False)
             self._rows.append(
                 (_sample(prompt, tokenizer.encode(str(answer), add_bos=False, add_eos=True)), desirable)
@@ -101,7 +115,20 @@ class DigitUnpaired(Dataset):
 
 
 def digit_unpaired_dataset(
-    tokenizer, *, n: int = 512, distractors: int = 3, desirable_share: float = 0.5, seed: int = 0
+    tokenizer,
+    *,
+    n: int = 512,
+    distractors: int = 3,
+    desirable_share: float = 0.5,
+    wrong_offset: int | None = None,
+    seed: int = 0,
 ) -> DigitUnpaired:
     """Builder for configs (`_component_: engine.rl.toy_preferences.digit_unpaired_dataset`)."""
-    return DigitUnpaired(tokenizer, n=n, distractors=distractors, desirable_share=desirable_share, seed=seed)
+    return DigitUnpaired(
+        tokenizer,
+        n=n,
+        distractors=distractors,
+        desirable_share=desirable_share,
+        wrong_offset=wrong_offset,
+        seed=seed,
+    )
