@@ -1,7 +1,8 @@
 """Task specs for lm-eval: the project's offline task files, YAML paths, and lm-eval's own tasks.
 
 `--tasks a,b` entries are resolved in order:
-1. a `.yaml` file path: read with lm-eval's loader (`!function` tags resolve beside the file);
+1. a `.yaml` file path: read by `engine.eval.task_yaml` (lm-eval's `!function` tags resolve beside
+   the file, `include:` merges another file);
 2. a task in `configs/eval/tasks/` (or another `task_dirs` folder): `<name>.yaml` there;
 3. anything else: a task/group name lm-eval knows (Hub-backed tasks such as `hellaswag`).
 For 1 and 2, relative `dataset_kwargs.data_files` paths are taken relative to the YAML file, so a
@@ -48,11 +49,11 @@ def load_task_file(path: str | os.PathLike) -> dict:
     Raises EvalError when the file is unreadable, not a single task, or names data files that
     do not exist (naming the file and what to change).
     """
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from engine.eval.task_yaml import load_task_yaml
 
     path = Path(path).expanduser().resolve()
     try:
-        cfg = load_yaml(path)
+        cfg = load_task_yaml(path)
     except (OSError, ValueError, ImportError, AttributeError) as exc:
         raise EvalError(f"{path}: cannot read this task file ({exc}); fix the YAML") from None
     except Exception as exc:  # yaml.YAMLError and friends
