@@ -100,10 +100,10 @@ def repo_assets(tmp_path_factory) -> Path:
     import gzip
     import json
 
-    from engine.checkpoint.errors import CheckpointError
+    from engine.checkpoint.checkpoint_errors import CheckpointError
     from engine.checkpoint.gguf import write_gguf_tokenizer
     from engine.data.demo import demo_rows
-    from engine.models.demo import demo_gguf_path
+    from engine.models.demo_model import demo_gguf_path
 
     try:
         gguf = demo_gguf_path()

@@ -87,7 +87,7 @@ def main() -> None:
     from engine.eval import TunebenchLM
 
     if args.model == "demo":
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         folder, label = Path(demo_model_dir()), "SmolLM2-135M-Instruct (demo, float32)"
     else:

@@ -27,7 +27,7 @@ def _weights_dir(tmp: Path) -> tuple[Path, str]:
     from engine.config import ConfigError
 
     try:
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         return demo_model_dir(), "SmolLM2-135M-Instruct (demo GGUF, dequantised)"
     except ConfigError:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.tracking import MetricLogger  # noqa: E402
 from engine.tracking.db import open_db  # noqa: E402
-from engine.tracking.runs import create_run  # noqa: E402
+from engine.tracking.run_rows import create_run  # noqa: E402
 
 NAMES = [f"metric_{i:02d}" for i in range(20)]
 
@@ -149,7 +149,7 @@ def bench_contention(home: Path, writers: int = 6, seconds: float = 10.0) -> dic
 def bench_readers(home: Path, steps: int = 50_000, repeats: int = 20) -> dict:
     from engine.tracking import readers
     from engine.tracking.db import write_tx
-    from engine.tracking.runs import update_run
+    from engine.tracking.run_rows import update_run
 
     os.environ["TUNEBENCH_HOME"] = str(home)
     names = ["loss", "lr", "grad_norm", "tokens_per_sec", "mem_peak_gb"] + NAMES[5:]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 from engine.data.sources import load_rows
 from engine.tracking import open_db
-from engine.tracking.runs import create_run, update_run
+from engine.tracking.run_rows import create_run, update_run
 from workbench.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

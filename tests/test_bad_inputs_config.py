@@ -328,7 +328,7 @@ def test_a_builder_refusing_a_value_names_its_node_once(tmp_path, monkeypatch, c
 
 def test_dataset_max_seq_len_says_it_is_the_datasets(shared_assets, tmp_path):
     from engine.data.builders import instruct_dataset
-    from engine.data.errors import DataError
+    from engine.data.data_errors import DataError
     from engine.data.tokenizers import load_tokenizer
 
     tok = load_tokenizer(path=str(shared_assets / "tokenizers" / "smollm2"))
@@ -422,7 +422,7 @@ def test_an_override_indexing_a_mapping_says_it_is_not_a_list(override, tmp_path
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
 def test_a_data_file_that_is_not_utf8_names_the_file(suffix, tmp_path):
     """Was a UnicodeDecodeError from pyarrow, reported as the builder refusing its arguments."""
-    from engine.data.errors import DataError
+    from engine.data.data_errors import DataError
     from engine.data.sources import load_rows
 
     path = tmp_path / f"rows{suffix}"
@@ -476,7 +476,7 @@ def _one_line_exit_2(capsys, argv: list[str]) -> str:
 
 def test_tunebench_eval_bad_inputs_are_one_line(tunebench_home, tmp_path, capsys):
     from engine.tracking import open_db
-    from engine.tracking.runs import create_run, update_run
+    from engine.tracking.run_rows import create_run, update_run
 
     with open_db() as db:
         rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="done")
@@ -515,7 +515,7 @@ def test_a_source_whose_rows_are_all_bad_is_one_line_without_the_skip_warning(
     import json
 
     from engine.data.builders import chat_dataset
-    from engine.data.errors import DataError
+    from engine.data.data_errors import DataError
     from engine.data.tokenizers import load_tokenizer
 
     rows = tmp_path / "chats.jsonl"

@@ -27,8 +27,8 @@ from engine.tracking.db import open_db, write_tx
 from engine.tracking.paths import db_path, ensure_private_dir, run_dir, tunebench_home
 from engine.tracking.readers import active_runs, get_run
 from engine.tracking.records import ACTIVE_STATUSES, RunRecord
-from engine.tracking.runs import add_event, new_run_id, truncate_after, update_run
-from engine.tracking.runs import create_run as _register
+from engine.tracking.run_rows import add_event, new_run_id, truncate_after, update_run
+from engine.tracking.run_rows import create_run as _register
 from workbench.errors import UserError
 
 CONFIG_NAME = "config.yaml"
@@ -78,7 +78,7 @@ def create_run(
 
     `module` replaces `engine.recipes.<recipe>` as the torchrun entry (tests use their own recipe).
     With `validate`, every config problem is reported at once as one `ConfigError` line.
-    A multi-node run (`nnodes` > 1, this host node rank 0, `workbench.multinode`) needs `rdzv_endpoint`
+    A multi-node run (`nnodes` > 1, this host node rank 0, `workbench.multinode_launch`) needs `rdzv_endpoint`
     and `output_dir`, a fresh folder every node mounts at the same path, which replaces `runs/<id>`.
     """
     from engine.config import ConfigError, apply_overrides, dump_config, find_config, load_yaml, parse_yaml
@@ -88,7 +88,7 @@ def create_run(
         raise UserError(f"recipe {recipe!r}: give a recipe name such as sft, dpo, kd or grpo")
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: use 1 or more processes")
-    from workbench.multinode import check_launch, shared_run_dir
+    from workbench.multinode_launch import check_launch, shared_run_dir
 
     if slurm:  # the job's first node is the rendezvous (workbench.slurm); its folder must be shared
         if output_dir is None:

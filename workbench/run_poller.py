@@ -8,7 +8,7 @@ import threading
 from collections import defaultdict
 
 from workbench import services
-from workbench.messages import RunDataArrived
+from workbench.ui_messages import RunDataArrived
 
 
 class RunPoller:

@@ -99,7 +99,7 @@ def launch_config(
     """Register a run from YAML text (validated by the launcher) and start it; returns its id.
 
     With `parent_id` the run is a clone of that run (as `tunebench clone` records it). `nnodes` > 1:
-    this machine is node rank 0 of a multi-node run (`workbench.multinode`).
+    this machine is node rank 0 of a multi-node run (`workbench.multinode_launch`).
     """
     from workbench import launcher
 
@@ -144,7 +144,7 @@ def export_run(run_id: str, path: str) -> Path:
 def delete_run(run_id: str, *, remove_files: bool) -> None:
     """Delete the run's tracker rows, and its folder when `remove_files`. Refuses a live run."""
     from engine.tracking.paths import run_dir
-    from engine.tracking.runs import delete_run as _delete
+    from engine.tracking.run_rows import delete_run as _delete
 
     run = get_run(run_id)
     if run["status"] in ("running", "queued"):
@@ -156,7 +156,7 @@ def delete_run(run_id: str, *, remove_files: bool) -> None:
 
 
 def set_tags(run_id: str, tags: str) -> None:
-    from engine.tracking.runs import update_run
+    from engine.tracking.run_rows import update_run
 
     clean = ",".join(t.strip() for t in tags.replace(" ", ",").split(",") if t.strip())
     with _db() as db:
@@ -164,7 +164,7 @@ def set_tags(run_id: str, tags: str) -> None:
 
 
 def set_notes(run_id: str, notes: str) -> None:
-    from engine.tracking.runs import update_run
+    from engine.tracking.run_rows import update_run
 
     with _db() as db:
         update_run(run_id, db=db, notes=notes)
@@ -359,7 +359,7 @@ def preview_source(node: dict[str, Any], tokenizer_path: str, index: int) -> dic
         if tokenizer_path:
             tok = load_tokenizer(tokenizer_path)
         else:
-            from engine.models.demo import demo_model_dir
+            from engine.models.demo_model import demo_model_dir
 
             tok = load_tokenizer(demo_model_dir())
         ds = build_dataset(node, tok)

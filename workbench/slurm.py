@@ -140,7 +140,7 @@ def submit(run: RunRecord, res: SlurmResources, *, stream=None) -> RunRecord | N
     refuses the job (its message)."""
     from engine.tracking.db import open_db
     from engine.tracking.readers import get_run
-    from engine.tracking.runs import add_event, delete_run, update_run
+    from engine.tracking.run_rows import add_event, delete_run, update_run
 
     stream = stream or sys.stdout
     text = sbatch_script(run, res, python=sys.executable, pythonpath=_source_root())
@@ -217,7 +217,7 @@ def reconcile(run: RunRecord) -> str | None:
     """Bring an active SLURM run's status in line with its job; returns a line when it cannot be read."""
     from engine.tracking.db import open_db
     from engine.tracking.records import ACTIVE_STATUSES
-    from engine.tracking.runs import add_event, update_run
+    from engine.tracking.run_rows import add_event, update_run
 
     if run.slurm_job_id is None or run.status not in ACTIVE_STATUSES:
         return None

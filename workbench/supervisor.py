@@ -27,7 +27,7 @@ from pathlib import Path
 from engine.tracking.db import open_db
 from engine.tracking.paths import tunebench_home
 from engine.tracking.readers import get_run
-from engine.tracking.runs import add_event, update_run
+from engine.tracking.run_rows import add_event, update_run
 
 LOG_NAME = "stdout.log"
 EXIT_DIR_NAME = ".exit_codes"

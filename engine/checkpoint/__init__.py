@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "CheckpointError": "engine.checkpoint.errors",
+    "CheckpointError": "engine.checkpoint.checkpoint_errors",
     "load_hf_weights": "engine.checkpoint.hf_safetensors",
     "save_pretrained": "engine.checkpoint.hf_safetensors",
     "load_meta": "engine.checkpoint.meta_format",

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 
 
 class GGUFError(CheckpointError):

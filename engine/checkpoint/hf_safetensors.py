@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.checkpoint.hf_keys import (
     hf_expert_to_native,
     hf_to_native,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 
 PARAMS_NAME = "params.json"
 

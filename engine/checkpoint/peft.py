@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.checkpoint.hf_keys import native_expert_to_hf, native_to_hf
 from engine.modules.peft.lora import LoRALinear
 

@@ -30,7 +30,7 @@ from engine.config._load import load_config, load_config_from_argv, split_config
 from engine.config._overrides import Override, apply_overrides, parse_overrides
 from engine.config._validate import CALL_SITE_ARGS, validate, validate_file
 from engine.config._yaml import dump_config, load_yaml, parse_yaml
-from engine.config.schema import REQUIRED, Field, Schema
+from engine.config.recipe_schema import REQUIRED, Field, Schema
 
 __all__ = [
     "BUILTIN_PREFIXES",

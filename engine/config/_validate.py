@@ -10,7 +10,7 @@ What is checked:
   (its own node is checked on its own). Required arguments that recipes pass at the call site
   (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, num_training_steps, plus a
   recipe's own) are not reported missing.
-- with `recipe=NAME`: the `CONFIG_SCHEMA` (an `engine.config.schema.Schema`) of `engine.recipes.NAME`:
+- with `recipe=NAME`: the `CONFIG_SCHEMA` (an `engine.config.recipe_schema.Schema`) of `engine.recipes.NAME`:
   unknown top-level keys (did-you-mean; `allowed_components` is always accepted), each key's value
   (type, bounds, allowed words, required keys, the keys and values of a plain mapping such as
   `validation:`), so `batch_size: two` or `optimizer_in_bwd: "no"` is reported here rather than failing
@@ -36,7 +36,7 @@ from engine.config._interpolate import UNRESOLVED, Resolver
 from engine.config._overrides import Override, apply_override, parse_override
 from engine.config._types import accepts, hints, type_name
 from engine.config._yaml import load_yaml
-from engine.config.schema import Schema
+from engine.config.recipe_schema import Schema
 
 # Arguments recipes pass positionally at the call site, e.g. `instantiate(cfg["optimizer"], params)`.
 CALL_SITE_ARGS = frozenset({"params", "optimizer", "model", "tokenizer", "module", "num_training_steps"})

@@ -26,6 +26,7 @@ from engine.data.chat_formats import (
     resolve_chat_format,
 )
 from engine.data.collate import packed_collate, padded_collate, padded_collate_dpo
+from engine.data.data_errors import DataError
 from engine.data.dataset import PreferenceDataset, TokenizedDataset
 from engine.data.demo import (
     demo_dataset,
@@ -35,7 +36,6 @@ from engine.data.demo import (
     demo_unpaired_dataset,
     extract_answer,
 )
-from engine.data.errors import DataError
 from engine.data.filters import ColumnFilter
 from engine.data.messages import (
     AlpacaToMessages,

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.data.chat_formats import TokenizerChatTemplate, resolve_chat_format
+from engine.data.data_errors import DataError
 from engine.data.dataset import PreferenceDataset, TokenizedDataset, build_tokenized
-from engine.data.errors import DataError
 from engine.data.messages import (
     ChosenRejectedToMessages,
     InputOutputToMessages,

@@ -30,7 +30,7 @@ import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 from engine.data.messages import Message, RowError
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from engine.data import cache as data_cache
-from engine.data.errors import DataError, where
+from engine.data.data_errors import DataError, where
 from engine.data.messages import RowError, apply_column_map
 from engine.data.sources import load_rows, source_fingerprint
 from engine.data.tokenize import IGNORE_INDEX, shifted_labels, tokenize_messages, tokenize_messages_batch

@@ -160,7 +160,7 @@ def demo_rows(n: int = 3000, seed: int = 0, split: str = "train") -> list[dict[s
     `split="test"` draws from a different stream (seed offset), so test rows are not training rows'
     copies (some short problems can still coincide by chance)."""
     if split not in ("train", "test"):
-        from engine.data.errors import DataError
+        from engine.data.data_errors import DataError
 
         raise DataError(f"split: the demo dataset has 'train' and 'test', not {split!r}")
     r = random.Random(f"tunebench-demo:{seed}:{split}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 
 
 class ColumnFilter:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 
 
 def _names(ds, index: int) -> list[str]:

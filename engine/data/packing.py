@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 from engine.data.tokenize import IGNORE_INDEX
 
 

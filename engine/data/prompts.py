@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import Dataset
 
 from engine.data.chat_formats import ChatFormat, resolve_chat_format
+from engine.data.data_errors import DataError
 from engine.data.dataset import default_name, run_rows
-from engine.data.errors import DataError
 from engine.data.messages import Message, RowError, get_text
 from engine.data.sources import load_rows
 from engine.data.templates import resolve_template

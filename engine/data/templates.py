@@ -14,7 +14,7 @@ import string
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from engine.data.errors import DataError
+from engine.data.data_errors import DataError
 from engine.data.messages import RowError, get_text
 
 

@@ -12,7 +12,7 @@ Errors are `EvalError` (a `ConfigError`): one line naming the setting.
 """
 
 from engine.eval.adapter import TunebenchLM
-from engine.eval.errors import EvalError
+from engine.eval.eval_errors import EvalError
 from engine.eval.model_loading import load_eval_model
 from engine.eval.runner import EvalReport, Score, evaluate, flatten_scores
 from engine.eval.tasks import resolve_task_specs, split_tasks

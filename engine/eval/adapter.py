@@ -41,7 +41,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 from tqdm import tqdm
 
-from engine.eval.errors import EvalError
+from engine.eval.eval_errors import EvalError
 from engine.eval.model_loading import (
     config_max_length,
     generation_eos_ids,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.eval.errors import EvalError
+from engine.eval.eval_errors import EvalError
 
 ADAPTER_CONFIG = "adapter_config.json"
 # PEFT module names -> native attention/MLP module names.
@@ -55,7 +55,7 @@ def adapter_base_dir(folder: str | os.PathLike) -> Path:
         )
     base_dir = Path(str(base)).expanduser()
     if str(base) == "demo":
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         base_dir = Path(demo_model_dir())
     if not (base_dir / "config.json").is_file():

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.eval.errors import EvalError
+from engine.eval.eval_errors import EvalError
 from engine.eval.tasks import resolve_task_specs
 
 

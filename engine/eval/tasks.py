@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.eval.errors import EvalError
+from engine.eval.eval_errors import EvalError
 
 BUILTIN_TASK_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval" / "tasks"
 

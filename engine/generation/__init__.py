@@ -8,7 +8,7 @@ temperature / top-k / top-p sampling and per-row stop tokens (what GRPO rollouts
     text = tok.decode(out.completions[0])
 """
 
-from engine.generation.generate import GenerationError, GenerationOutput, generate, left_pad
+from engine.generation.batched_generate import GenerationError, GenerationOutput, generate, left_pad
 from engine.generation.sampling import filter_logits, sample_next_token
 
 __all__ = [

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.modules.moe import MoESettings, moe_layers
 from engine.modules.rotary import Llama3RopeScaling
 

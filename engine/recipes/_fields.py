@@ -1,12 +1,12 @@
 """The config keys several recipes share, each declared once (type, default, bounds, doc, controls).
 
 A recipe's `CONFIG_SCHEMA` takes them with `shared(key)` (or `shared(key, "its own doc line")`) and
-declares its own keys in place; see `engine.config.schema` for what reads a schema.
+declares its own keys in place; see `engine.config.recipe_schema` for what reads a schema.
 """
 
 from __future__ import annotations
 
-from engine.config.schema import REQUIRED, Field
+from engine.config.recipe_schema import REQUIRED, Field
 
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16")
 

@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, instantiate
-from engine.config.schema import Schema
+from engine.config.recipe_schema import Schema
 from engine.data.sampler import EpochBatchSampler
-from engine.modules.loss.kto import KTOLoss
+from engine.modules.loss.kto_loss import KTOLoss
 from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields
 from engine.training.distributed import all_reduce_sum, rank_world
@@ -236,7 +236,7 @@ class DPORecipe:
 
     def _losses(self, batch: dict, logps: torch.Tensor, B: int):
         """`(losses, chosen_rewards [B], rejected_rewards [B], extra metrics)` for the configured loss."""
-        from engine.modules.loss.kto import mismatched_pairs
+        from engine.modules.loss.kto_loss import mismatched_pairs
 
         if self.reference_free:
             lengths = torch.cat([batch["chosen_labels"], batch["rejected_labels"]]).ne(-100).sum(1)
@@ -278,7 +278,7 @@ class DPORecipe:
 
     def _unpaired_micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
         """KTO on labelled completions: `tokens`/`labels [N,S]`, `desirable [N]`."""
-        from engine.modules.loss.kto import mismatched_pairs
+        from engine.modules.loss.kto_loss import mismatched_pairs
 
         tokens, labels, good = batch["tokens"], batch["labels"], batch["desirable"]
         logps = token_logprobs(self.model, tokens, labels, position_ids=batch["position_ids"]).sum(1)  # [N]

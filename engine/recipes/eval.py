@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from engine.config import ConfigError, ConfigProblem, find_config, load_config
-from engine.config.schema import Field, Schema
+from engine.config.recipe_schema import Field, Schema
 from engine.recipes._entry import check_output_dir, parse_recipe_args
 from engine.recipes._fields import SHARED
 
@@ -149,7 +149,7 @@ class EvalRecipe:
     def _model_dir(self) -> Path:
         spec = str(self.cfg["model_dir"])
         if spec == "demo":
-            from engine.models.demo import demo_model_dir
+            from engine.models.demo_model import demo_model_dir
 
             return Path(demo_model_dir())
         folder = Path(spec).expanduser()
@@ -166,8 +166,8 @@ class EvalRecipe:
         if ref is None:
             return None
         from engine.tracking.db import open_db
-        from engine.tracking.errors import TrackerError
         from engine.tracking.readers import get_run
+        from engine.tracking.tracker_errors import TrackerError
 
         try:
             with open_db(create=False) as db:

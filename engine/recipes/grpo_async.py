@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ConfigError, ConfigProblem
-from engine.config.schema import Field, Schema
+from engine.config.recipe_schema import Field, Schema
 from engine.recipes._entry import refuse_config_problems, run_recipe_main
 from engine.rl.buffer import ReplayBuffer
 from engine.rl.grpo_trainer import GRPO_SCHEMA as _SYNC

@@ -24,7 +24,7 @@ KL to the reference), `kl_coeff`, `policy_loss`, `value_loss`, `clip_fraction`, 
 `output_dir/samples.jsonl` and the first one also as a `sample` event. One process. Exit codes as in SFT.
 
 Length: over 500 lines because one PPO step needs four models (policy, reference, value, reward) set
-up here and the rollout -> GAE -> minibatch-epoch loop in one readable place; the math is in engine.rl.ppo.
+up here and the rollout -> GAE -> minibatch-epoch loop in one readable place; the math is in engine.rl.ppo_advantages.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
-from engine.config.schema import REQUIRED, Field, Schema
+from engine.config.recipe_schema import REQUIRED, Field, Schema
 from engine.data.sampler import EpochBatchSampler
 from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields
@@ -280,7 +280,7 @@ class PPORecipe:
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
         from engine.modules.score_decoder import ScoreDecoder
-        from engine.rl.ppo import AdaptiveKLController, FixedKLController
+        from engine.rl.ppo_advantages import AdaptiveKLController, FixedKLController
         from engine.tracking import MetricLogger
 
         set_seed(self.seed)
@@ -447,7 +447,7 @@ class PPORecipe:
 
     def train_on(self, ro: dict) -> dict[str, float]:
         """Old/reference log-probs, values, KL-shaped rewards, GAE, then `ppo_epochs` x minibatch steps."""
-        from engine.rl.ppo import gae, kl_penalised_rewards, masked_mean, whiten
+        from engine.rl.ppo_advantages import gae, kl_penalised_rewards, masked_mean, whiten
         from engine.training import clip_grad_norm
         from engine.training.logprobs import token_logprobs
         from engine.training.model_setup import reference_context

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, instantiate
-from engine.config.schema import Field, Schema
+from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
 from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
 from engine.recipes._fields import shared, shared_fields

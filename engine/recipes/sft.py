@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from engine.checkpoint.export import write_merged_model
 from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
-from engine.config.schema import Field, Schema
+from engine.config.recipe_schema import Field, Schema
 from engine.data.collate import collate_for
 from engine.data.sampler import EpochBatchSampler
 from engine.modules.moe import weighted_aux_loss

@@ -1,13 +1,13 @@
 """The SQLite run tracker.
 
 Recipes use `MetricLogger` only; the CLI and workbench read through `engine.tracking.readers` and
-register/update runs through `engine.tracking.runs`. See docs/ARCHITECTURE.md "## Tracker".
+register/update runs through `engine.tracking.run_rows`. See docs/ARCHITECTURE.md "## Tracker".
 """
 
 from engine.tracking.db import connect, open_db, write_tx
-from engine.tracking.errors import RunNotFound, SchemaError, TrackerError
 from engine.tracking.paths import db_path, run_dir, tunebench_home
 from engine.tracking.records import EvalRow, EventRow, MetricRow, RunRecord, RunSummary
+from engine.tracking.tracker_errors import RunNotFound, SchemaError, TrackerError
 from engine.tracking.writer import MetricLogger
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 
 def truncate_metrics_after(run_id: str, step: int) -> int:
     """Delete a run's metrics/events/eval results past `step`, atomically (for resume)."""
-    from engine.tracking.runs import truncate_after
+    from engine.tracking.run_rows import truncate_after
 
     with open_db() as db:
         return truncate_after(run_id, step, db=db)

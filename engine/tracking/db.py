@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.tracking.errors import SchemaError, TrackerError
 from engine.tracking.paths import db_path, ensure_private_dir
+from engine.tracking.tracker_errors import SchemaError, TrackerError
 
 BUSY_TIMEOUT_MS = 60_000
-SCHEMA_VERSION = 3  # keep equal to engine.tracking.schema.SCHEMA_VERSION (checked by a test)
+SCHEMA_VERSION = 3  # keep equal to engine.tracking.tables.SCHEMA_VERSION (checked by a test)
 
 
 def _v1_to_v2(conn: sqlite3.Connection) -> None:
@@ -120,7 +120,7 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
                     f"{path} is not a tunebench database (tables: {', '.join(sorted(names))}): "
                     "point TUNEBENCH_HOME elsewhere or move the file aside"
                 )
-            from engine.tracking.schema import create_statements
+            from engine.tracking.tables import create_statements
 
             for stmt in create_statements():
                 conn.execute(stmt)

@@ -15,7 +15,7 @@ def tunebench_home() -> Path:
     Raises `TrackerError` when that path exists and is not a folder."""
     home = Path(os.environ.get("TUNEBENCH_HOME") or "~/.tunebench").expanduser()
     if home.exists() and not home.is_dir():
-        from engine.tracking.errors import TrackerError
+        from engine.tracking.tracker_errors import TrackerError
 
         raise TrackerError(
             f"TUNEBENCH_HOME={home} is a file, not a folder: point TUNEBENCH_HOME at a folder (or unset it)"
@@ -45,7 +45,7 @@ def ensure_private_dir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        from engine.tracking.errors import TrackerError
+        from engine.tracking.tracker_errors import TrackerError
 
         raise TrackerError(
             f"{path}: cannot create this folder ({exc.strerror or exc}); point TUNEBENCH_HOME at a "

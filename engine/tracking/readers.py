@@ -13,7 +13,6 @@ import sqlite3
 import time
 
 from engine.tracking.db import from_db_float
-from engine.tracking.errors import RunNotFound
 from engine.tracking.records import (
     ACTIVE_STATUSES,
     RUN_COLUMNS,
@@ -23,6 +22,7 @@ from engine.tracking.records import (
     RunRecord,
     RunSummary,
 )
+from engine.tracking.tracker_errors import RunNotFound
 
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 

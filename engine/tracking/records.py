@@ -12,7 +12,7 @@ ACTIVE_STATUSES = ("queued", "running")
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A row of `runs` (see `engine.tracking.schema.Run` for the meaning of each field)."""
+    """A row of `runs` (see `engine.tracking.tables.Run` for the meaning of each field)."""
 
     id: str
     name: str

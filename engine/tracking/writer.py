@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TextIO
 
 from engine.tracking.db import connect
-from engine.tracking.errors import TrackerError
+from engine.tracking.tracker_errors import TrackerError
 
 _CHECKPOINT_EVERY_S = 30.0
 _RETRY_S = 0.5
@@ -90,7 +90,7 @@ class MetricLogger:
         stream: where the line goes (default stdout).
         max_queued_rows: back-pressure bound; `log()` waits while this many rows wait for the writer.
 
-    Raises `engine.tracking.errors.TrackerError` when the database cannot be opened, and from
+    Raises `engine.tracking.tracker_errors.TrackerError` when the database cannot be opened, and from
     `flush()`/`close()` when rows could not be written within 300 s.
     """
 

@@ -22,7 +22,7 @@ def resolve_model_dir(path: str | Path, *, field: str = "checkpoint_dir") -> Pat
         ConfigError: the folder does not exist or has no config.json (naming `field`).
     """
     if str(path) == "demo":
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         return Path(demo_model_dir())
     folder = Path(path).expanduser()

@@ -19,7 +19,7 @@ def make_finished_run(name: str, recipe: str, losses: list[float], config: str, 
     """A completed run with a loss curve, written through the tracker's own writer."""
     from engine.tracking import MetricLogger
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run, update_run
+    from engine.tracking.run_rows import create_run, update_run
 
     with open_db() as db:
         run = create_run(db=db, recipe=recipe, config_text=config, name=name, model="smollm2_135m")

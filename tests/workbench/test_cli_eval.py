@@ -49,7 +49,7 @@ def model_dir(tmp_path_factory, request) -> Path:
 
 def _run_with_checkpoints(model_dir: Path, steps=(2, 4)):
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db() as db:
         rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="sft-evaltest")
@@ -150,7 +150,7 @@ def test_eval_real_sft_run_checkpoints_equal_hf_backend(
     from engine.eval.runner import task_manager
     from engine.eval.tasks import resolve_task_specs
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db() as db:
         rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="sft-real")

@@ -7,7 +7,7 @@ import pytest
 
 from engine.checkpoint.gguf import load_gguf
 from engine.tracking.db import open_db
-from engine.tracking.runs import create_run
+from engine.tracking.run_rows import create_run
 from workbench.cli import main
 
 transformers = pytest.importorskip("transformers")

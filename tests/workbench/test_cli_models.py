@@ -196,7 +196,7 @@ def test_models_lists_presets_and_local_folders(tiny_dir, capsys, tunebench_home
 @pytest.mark.parametrize("model", ["demo", "GGUF_FILE"])
 def test_generate_demo_answers_paris(capsys, tunebench_home, model):
     from engine.config import ConfigError
-    from engine.models.demo import demo_gguf_path
+    from engine.models.demo_model import demo_gguf_path
 
     try:
         gguf = demo_gguf_path()

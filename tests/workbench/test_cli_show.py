@@ -4,7 +4,7 @@ import json
 
 from engine.tracking import MetricLogger
 from engine.tracking.db import open_db
-from engine.tracking.runs import create_run
+from engine.tracking.run_rows import create_run
 from engine.training.meters import memory_stats
 from workbench.cli import main
 

@@ -216,8 +216,8 @@ def test_reconcile_ignores_reused_pids_and_other_hosts(tunebench_home):
     import subprocess as sp
     import sys
 
-    from engine.tracking.runs import create_run as register
-    from engine.tracking.runs import update_run
+    from engine.tracking.run_rows import create_run as register
+    from engine.tracking.run_rows import update_run
 
     # a process started after the run "started": its pid/pgid is a reused id, not the run's
     other = sp.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)

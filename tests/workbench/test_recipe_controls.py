@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from engine.config import apply_overrides, list_builtin_configs, parse_yaml, recipe_from_text, validate
-from engine.config.schema import CONTROL_NAMES
+from engine.config.recipe_schema import CONTROL_NAMES
 from engine.training.memory_estimate import ModelShape, TrainingOptions, estimate_memory
 from workbench.recipe_options import (
     CHUNKED_CE,

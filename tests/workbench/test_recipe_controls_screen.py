@@ -228,7 +228,7 @@ async def test_recipes_that_do_not_read_a_control_say_why(recipe_env, monkeypatc
 
 async def test_a_clone_keeps_the_parents_number_of_processes(recipe_env):
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
     from workbench.screens.recipe import RecipeScreen
 
     with open_db() as db:

@@ -55,7 +55,7 @@ def _curve(n: int, start: float, end: float, wiggle: float) -> list[float]:
 def _finished(name, recipe, config, losses, *, started, extra=None, ranks=1):
     from engine.tracking import MetricLogger
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run, update_run
+    from engine.tracking.run_rows import create_run, update_run
 
     with open_db() as db:
         run = create_run(

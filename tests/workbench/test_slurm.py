@@ -139,7 +139,7 @@ def test_submitted_job_is_recorded_and_its_state_followed(config, tmp_path, monk
     ],
 )
 def test_ended_job_states_map_to_run_statuses(tunebench_home, tmp_path, monkeypatch, line, status, code):
-    from engine.tracking.runs import create_run, update_run
+    from engine.tracking.run_rows import create_run, update_run
 
     monkeypatch.setenv("PATH", str(_stand_ins(tmp_path / "bin", squeue="exit 0", sacct=f"echo '{line}'")))
     with open_db() as db:
@@ -153,7 +153,7 @@ def test_ended_job_states_map_to_run_statuses(tunebench_home, tmp_path, monkeypa
 
 
 def test_without_squeue_and_sacct_the_state_is_one_clear_line(tunebench_home, tmp_path, monkeypatch, capsys):
-    from engine.tracking.runs import create_run, update_run
+    from engine.tracking.run_rows import create_run, update_run
 
     monkeypatch.setenv("PATH", str(_stand_ins(tmp_path / "bin")))
     with open_db() as db:

@@ -50,7 +50,7 @@ def _model_folder(folder: Path) -> Path | None:
 def resolve_source(spec: str) -> tuple[Path, str]:
     """`(weights folder, name)` of RUN_OR_DIR. Raises UserError saying what was looked for."""
     if spec == "demo":
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         return Path(demo_model_dir()), "smollm2-135m-instruct"
     path = Path(spec).expanduser()
@@ -65,8 +65,8 @@ def resolve_source(spec: str) -> tuple[Path, str]:
     if path.exists():
         raise UserError(f"{path}: is a file; RUN_OR_DIR must be a run, a checkpoint or a model folder")
     from engine.tracking.db import open_db
-    from engine.tracking.errors import TrackerError
     from engine.tracking.readers import get_run
+    from engine.tracking.tracker_errors import TrackerError
 
     try:
         with open_db(create=False) as db:

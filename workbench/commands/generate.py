@@ -101,7 +101,7 @@ def _converted_gguf(path: Path) -> Path:
 def resolve_model(spec: str) -> Path:
     """The HF-format folder MODEL names. Raises `UserError` saying what was looked for."""
     if spec == "demo":
-        from engine.models.demo import demo_model_dir
+        from engine.models.demo_model import demo_model_dir
 
         return demo_model_dir()
     path = Path(spec).expanduser()

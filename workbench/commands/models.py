@@ -77,7 +77,7 @@ def _describe(name: str, folder: Path, source: str) -> LocalModel | None:
 
 def local_models() -> list[LocalModel]:
     """Models on this machine: `TUNEBENCH_HOME/models/*`, the HF cache snapshots, and the demo."""
-    from engine.models.demo import DEMO_NAME, demo_gguf_path
+    from engine.models.demo_model import DEMO_NAME, demo_gguf_path
     from engine.tracking.paths import tunebench_home
 
     found: list[LocalModel] = []

@@ -1,7 +1,7 @@
 """`tunebench run RECIPE --config FILE [--nproc N] [key=value ...]`: register, launch, follow.
 
 Several nodes: the same command on each with `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT
---output-dir SHARED` (`workbench.multinode`); `--slurm` writes an sbatch script and submits it
+--output-dir SHARED` (`workbench.multinode_launch`); `--slurm` writes an sbatch script and submits it
 (`workbench.slurm`).
 """
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _run_slurm(args)
     if args.node_rank:  # another node of a multi-node run: no row here, torchrun in the foreground
-        from workbench.multinode import run_node
+        from workbench.multinode_launch import run_node
 
         return run_node(
             args.recipe, config_path=args.config, overrides=args.overrides, nproc=args.nproc,

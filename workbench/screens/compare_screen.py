@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from workbench import services
 from workbench.config_diff import config_diff
-from workbench.messages import CompareLoaded, WorkFailed
+from workbench.ui_messages import CompareLoaded, WorkFailed
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.runs_table import format_duration

@@ -27,7 +27,7 @@ from workbench.data_mix import (
     source_node,
 )
 from workbench.errors import UserError
-from workbench.messages import PreviewReady
+from workbench.ui_messages import PreviewReady
 from workbench.widgets.sample_preview import SamplePreview
 
 

@@ -22,9 +22,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 
 from workbench import services
-from workbench.messages import RunActionDone, RunDataArrived, WorkFailed
 from workbench.run_poller import RunPoller
 from workbench.screens.confirm import ConfirmScreen
+from workbench.ui_messages import RunActionDone, RunDataArrived, WorkFailed
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.log_tail import LogTail
 from workbench.widgets.metric_plot import MetricPlot

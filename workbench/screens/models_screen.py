@@ -13,8 +13,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 
 from workbench import services
-from workbench.messages import CardsLoaded, DownloadDone, DownloadProgress, WorkFailed
 from workbench.screens.confirm import TextPromptScreen
+from workbench.ui_messages import CardsLoaded, DownloadDone, DownloadProgress, WorkFailed
 
 
 def _get(card: Any, *names: str) -> Any:

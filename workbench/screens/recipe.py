@@ -23,14 +23,6 @@ from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Stat
 
 from workbench import services
 from workbench.errors import UserError
-from workbench.messages import (
-    ConfigExported,
-    EstimateReady,
-    RecipeChoicesLoaded,
-    RunLaunched,
-    ValidationDone,
-    WorkFailed,
-)
 from workbench.recipe_options import (
     AS_IN_CONFIG,
     CONTROLS,
@@ -50,6 +42,14 @@ from workbench.recipe_options import (
     recipe_problems,
 )
 from workbench.screens.confirm import TextPromptScreen
+from workbench.ui_messages import (
+    ConfigExported,
+    EstimateReady,
+    RecipeChoicesLoaded,
+    RunLaunched,
+    ValidationDone,
+    WorkFailed,
+)
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.mesh_form import MeshForm, mesh_line
 from workbench.widgets.yaml_view import YamlView

@@ -14,8 +14,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label
 
 from workbench import services
-from workbench.messages import RunActionDone, RunsLoaded, WorkFailed
 from workbench.screens.confirm import ConfirmScreen, TextPromptScreen, TypedConfirmScreen
+from workbench.ui_messages import RunActionDone, RunsLoaded, WorkFailed
 from workbench.widgets.runs_table import COLUMNS, RunsTable
 
 SORTABLE = [key for key, _ in COLUMNS if key != "mark"]

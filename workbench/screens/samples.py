@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from workbench import services
-from workbench.messages import SamplesLoaded, WorkFailed
+from workbench.ui_messages import SamplesLoaded, WorkFailed
 
 
 def one_line(text: Any, width: int) -> str:

@@ -99,7 +99,7 @@ class MeshForm(Vertical):
         """What blocks a launch: a field that is not a positive integer, a multi-node run without its
         rendezvous or shared folder (the launcher's own lines)."""
         from workbench.errors import UserError
-        from workbench.multinode import check_launch
+        from workbench.multinode_launch import check_launch
 
         out = []
         for wid, label in [("mesh-nnodes", "nodes")] + [(f"mesh-{k}", label) for k, label, _ in DEGREES]:

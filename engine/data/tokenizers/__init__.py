@@ -9,12 +9,12 @@ interface (`Tokenizer`), with BOS/EOS/pad handling, stop tokens and the model's 
 
 from engine.data.tokenizers.base import Tokenizer
 from engine.data.tokenizers.chat_template import ChatTemplateError, render_chat_template
-from engine.data.tokenizers.errors import TokenizerError
-from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
 from engine.data.tokenizers.hf_json import HFTokenizer
+from engine.data.tokenizers.hf_side_files import TokenizerFiles, read_tokenizer_files
 from engine.data.tokenizers.loader import find_tokenizer_file, load_tokenizer
 from engine.data.tokenizers.sentencepiece_model import SentencePieceTokenizer
 from engine.data.tokenizers.tiktoken_model import LLAMA3_PATTERN, TiktokenTokenizer, llama3_special_tokens
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 __all__ = [
     "LLAMA3_PATTERN",

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from engine.data.tokenizers.chat_template import render_chat_template
-from engine.data.tokenizers.errors import TokenizerError
-from engine.data.tokenizers.hf_config import TokenizerFiles
+from engine.data.tokenizers.hf_side_files import TokenizerFiles
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 # End-of-turn / end-of-text tokens that stop generation when a vocabulary has them.
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")

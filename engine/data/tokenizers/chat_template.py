@@ -14,7 +14,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from engine.data.tokenizers.errors import TokenizerError
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 
 class ChatTemplateError(TokenizerError):

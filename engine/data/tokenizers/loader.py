@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from engine.data.tokenizers.base import Tokenizer
-from engine.data.tokenizers.errors import TokenizerError
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+=*[ \t]+\d+\r?$")
 

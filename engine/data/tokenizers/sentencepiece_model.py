@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 from engine.data.tokenizers.base import Tokenizer
-from engine.data.tokenizers.errors import TokenizerError
-from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.hf_side_files import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 
 class SentencePieceTokenizer(Tokenizer):

@@ -12,8 +12,8 @@ import binascii
 from pathlib import Path
 
 from engine.data.tokenizers.base import Tokenizer
-from engine.data.tokenizers.errors import TokenizerError
-from engine.data.tokenizers.hf_config import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.hf_side_files import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 # Llama 3's pre-tokenizer split: contractions, letter runs, 1-3 digit groups, punctuation, newlines, spaces.
 LLAMA3_PATTERN = (

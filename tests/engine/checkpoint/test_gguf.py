@@ -186,7 +186,7 @@ def test_smollm2_tokenizer_rebuilt_from_real_gguf(real_assets):
     from tokenizers import Tokenizer
 
     from engine.checkpoint.gguf import _open, _tokenizer
-    from engine.models.demo import demo_gguf_path
+    from engine.models.demo_model import demo_gguf_path
 
     try:
         path = demo_gguf_path()
@@ -271,7 +271,7 @@ def test_sentencepiece_tokenizer_rebuilt_from_gguf_metadata(real_assets, tmp_pat
 
 def test_demo_conversion_race_keeps_the_finished_folder(tmp_path, monkeypatch):
     """Two processes converting the demo at once: the one that finishes second keeps the first's folder."""
-    from engine.models import demo
+    from engine.models import demo_model as demo
 
     tok = _tiny_tokenizer()
     _write_gguf(tmp_path / "tiny.gguf", _tiny_llama(tok.get_vocab_size(), tied=True), tok, "F32")

@@ -214,7 +214,7 @@ def test_demo_round_trips_and_says_paris(tmp_path):
     from engine.data.tokenizers import load_tokenizer
     from engine.generation import generate
     from engine.models import from_pretrained
-    from engine.models.demo import demo_gguf_path, demo_model_dir
+    from engine.models.demo_model import demo_gguf_path, demo_model_dir
 
     try:
         demo_gguf_path()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.checkpoint import load_hf_weights
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.checkpoint.peft import load_adapters, save_adapters, save_merged_model
 from engine.models.llama3 import lora_llama3
 

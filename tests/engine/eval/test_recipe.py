@@ -55,7 +55,7 @@ def test_lora_adapter_folder_scores_like_merged_model(tiny_llama_dir, tmp_path):
 def test_recipe_stores_scores_with_run_and_writes_results(tiny_llama_dir, tunebench_home, tmp_path):
     from engine.tracking.db import open_db
     from engine.tracking.readers import eval_results, events_since
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db() as db:
         rec = create_run(db=db, recipe="sft", config_text="seed: 0\n", name="evalme")
@@ -173,7 +173,7 @@ def test_qlora_adapters_evaluate_on_nf4_base(tiny_llama_dir, tmp_path):
 
 
 def test_run_config_tells_qlora():
-    from workbench.commands.eval import trained_with_nf4_base
+    from workbench.commands.evaluate import trained_with_nf4_base
 
     assert trained_with_nf4_base(
         "model:\n  _component_: engine.models.qwen3.lora_qwen3\n  quantize_base: true\n"

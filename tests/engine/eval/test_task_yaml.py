@@ -46,7 +46,7 @@ def test_function_tags_and_includes_equal_lm_eval(tmp_path):
 
 
 def test_bad_task_files_are_one_line(tmp_path):
-    from engine.eval.errors import EvalError
+    from engine.eval.eval_errors import EvalError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: x\nprocess_docs: !function missing.fn\n")

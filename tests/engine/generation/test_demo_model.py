@@ -13,7 +13,7 @@ from engine.config import ConfigError
 def demo(tmp_path_factory):
     from engine.data.tokenizers import load_tokenizer
     from engine.models import from_pretrained
-    from engine.models.demo import demo_gguf_path, demo_model_dir
+    from engine.models.demo_model import demo_gguf_path, demo_model_dir
 
     try:
         demo_gguf_path()
@@ -26,7 +26,7 @@ def demo(tmp_path_factory):
 @pytest.mark.slow
 def test_capital_of_france_is_paris(demo):
     from engine.generation import generate
-    from engine.models.demo import demo_model_dir
+    from engine.models.demo_model import demo_model_dir
 
     folder, model, tok = demo
     assert demo_model_dir(folder.parents[1]) == folder  # the second call reuses the converted folder

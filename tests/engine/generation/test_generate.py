@@ -165,7 +165,7 @@ def test_on_step_sees_every_token(llama):
 def test_forward_path_used_for_fsdp_models_gives_same_tokens(llama, monkeypatch):
     _, model = llama
     expected = generate(model, PROMPTS, max_new_tokens=6).tokens
-    module = importlib.import_module("engine.generation.generate")  # the module, not the function
+    module = importlib.import_module("engine.generation.batched_generate")  # the module, not the function
     monkeypatch.setattr(module, "_is_fsdp", lambda m: True)  # FSDP2 models go through forward()
     assert torch.equal(generate(model, PROMPTS, max_new_tokens=6).tokens, expected)
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory):
-    from engine.models.demo import demo_model_dir
+    from engine.models.demo_model import demo_model_dir
 
     try:
         return demo_model_dir(home=tmp_path_factory.mktemp("home"))

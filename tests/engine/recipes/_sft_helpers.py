@@ -100,7 +100,7 @@ def recipe_env(home: Path, run_id: str | None = None) -> dict:
 
 def new_run(home: Path) -> str:
     from engine.tracking import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db(home) as db:
         return create_run(db=db, recipe="sft", config_text="{}").id

@@ -59,7 +59,7 @@ def test_preference_accuracy_rises(loss, tmp_path):
 
 
 def test_kto_mismatched_pairs_swap_responses():
-    from engine.modules.loss.kto import mismatched_pairs
+    from engine.modules.loss.kto_loss import mismatched_pairs
 
     # rows: prompt [1,5,6] + response [7,2] and prompt [1,8] + response [9,10,2]; pad 0
     tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 10, 2, 0]])

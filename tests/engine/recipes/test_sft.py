@@ -124,7 +124,7 @@ def test_qlora_trains_with_nf4_base_and_exports_peft_adapters(shared_assets, tmp
 def test_mix_logs_loss_per_source_and_validation(shared_assets, tmp_path, tunebench_home, monkeypatch):
     from engine.tracking import open_db
     from engine.tracking.readers import metric_names, metric_series
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db() as db:
         run = create_run(db=db, recipe="sft", config_text="{}")

@@ -74,7 +74,7 @@ def test_lora_on_experts_and_router_exports_peft_adapters(
     from engine.checkpoint.peft import load_adapters
     from engine.tracking import open_db
     from engine.tracking.readers import metric_series
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
 
     with open_db() as db:
         run = create_run(db=db, recipe="sft", config_text="{}")

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from engine.rl.ppo import AdaptiveKLController, FixedKLController, gae, kl_penalised_rewards, whiten
+from engine.rl.ppo_advantages import (
+    AdaptiveKLController,
+    FixedKLController,
+    gae,
+    kl_penalised_rewards,
+    whiten,
+)
 
 
 def _gae_by_hand(rewards, values, length, gamma, lam):

@@ -7,9 +7,9 @@ import pytest
 
 from engine.tracking import db as dbmod
 from engine.tracking.db import connect, open_db, write_tx
-from engine.tracking.errors import SchemaError, TrackerError
 from engine.tracking.paths import db_path
-from engine.tracking.runs import create_run
+from engine.tracking.run_rows import create_run
+from engine.tracking.tracker_errors import SchemaError, TrackerError
 
 
 def test_created_private_with_wal(tunebench_home):
@@ -23,7 +23,7 @@ def test_created_private_with_wal(tunebench_home):
 
 
 def test_schema_version_matches_models(tunebench_home):
-    from engine.tracking.schema import SCHEMA_VERSION
+    from engine.tracking.tables import SCHEMA_VERSION
 
     assert SCHEMA_VERSION == dbmod.SCHEMA_VERSION
     with open_db() as db:

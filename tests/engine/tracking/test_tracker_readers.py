@@ -7,8 +7,8 @@ import pytest
 
 from engine.tracking import MetricLogger, readers
 from engine.tracking.db import open_db
-from engine.tracking.errors import RunNotFound, TrackerError
-from engine.tracking.runs import create_run, update_run
+from engine.tracking.run_rows import create_run, update_run
+from engine.tracking.tracker_errors import RunNotFound, TrackerError
 
 
 def test_lookup_by_id_name_prefix(tunebench_home):

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from engine.tracking import open_db, readers
-from engine.tracking.runs import create_run
+from engine.tracking.run_rows import create_run
 from engine.tracking.writer import _MAX_QUEUED_ROWS
 
 N_METRICS = 25

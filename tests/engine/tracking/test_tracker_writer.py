@@ -11,7 +11,7 @@ import torch
 
 from engine.tracking import MetricLogger, readers
 from engine.tracking.db import open_db
-from engine.tracking.runs import create_run, truncate_after
+from engine.tracking.run_rows import create_run, truncate_after
 
 
 def _run(db, **kw):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.data.tokenizers.errors import TokenizerError
+from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 
 @dataclass

@@ -102,9 +102,9 @@ def resolve_target(spec: str, step: int | None) -> tuple[str | None, list[tuple[
     if path.exists():
         raise UserError(f"{path}: is a file; RUN_OR_MODEL must be a model folder, a run id/name or demo")
     from engine.tracking.db import open_db
-    from engine.tracking.errors import RunNotFound
     from engine.tracking.paths import db_path
     from engine.tracking.readers import get_run
+    from engine.tracking.tracker_errors import RunNotFound
 
     if not db_path().exists():
         raise UserError(

@@ -16,9 +16,9 @@ from datetime import datetime
 from pathlib import Path
 
 from engine.tracking.db import write_tx
-from engine.tracking.errors import TrackerError
 from engine.tracking.paths import ensure_private_dir, run_dir, runs_root
 from engine.tracking.records import RUN_COLUMNS, RUN_KINDS, RUN_STATUSES, RunRecord
+from engine.tracking.tracker_errors import TrackerError
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TAG_OK = re.compile(r"^[^,\s]{1,64}$")

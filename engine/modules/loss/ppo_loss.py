@@ -1,7 +1,7 @@
 """PPO's clipped policy surrogate and clipped value loss (Schulman et al., 2017), on response tokens.
 
 Inputs are `[B,T]` over the response tokens of a minibatch of rollouts, `mask [B,T]` True on real
-tokens. Advantages and returns come from `engine.rl.ppo.gae` at rollout time (no grad).
+tokens. Advantages and returns come from `engine.rl.ppo_advantages.gae` at rollout time (no grad).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a Hugging Face folder under `TUNEBENCH_HOME/models/smollm2-135m-instruct/` (writ
 name, then renamed, so the folder is complete or absent) and returns that folder on every later call.
 
     from engine.models import from_pretrained
-    from engine.models.demo import demo_model_dir
+    from engine.models.demo_model import demo_model_dir
     model = from_pretrained(demo_model_dir())
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.tracking.paths import tunebench_home
 
 DEMO_NAME = "smollm2-135m-instruct"
