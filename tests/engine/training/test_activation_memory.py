@@ -5,6 +5,7 @@ import torch
 
 from engine.config import ConfigError
 from engine.training import ActivationOffloading, apply_activation_checkpointing
+from engine.training.activation_checkpointing import is_checkpointed
 from tests.engine.training.tiny_decoder import tiny_decoder
 
 
@@ -83,3 +84,48 @@ def test_checkpointing_the_real_decoder_keeps_gradients():
     for grad, grad_ref in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(grad, grad_ref, atol=0, rtol=0)
     assert saved < saved_ref
+
+
+def test_checkpointed_names_match_and_checkpoints_load_across_both_forms(tmp_path):
+    """No wrapper module: parameter names and state-dict keys are the plain model's, and a checkpoint
+    saved with checkpointing on loads into a model with it off (and back) with the same outputs."""
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    on = tiny_decoder(num_layers=4)
+    apply_activation_checkpointing(on, every_k=1)
+    assert all(is_checkpointed(block) for block in on.layers)
+    torch.manual_seed(1)  # other weights: the loads below must replace them
+    off = tiny_decoder(num_layers=4)
+    assert [n for n, _ in on.named_parameters()] == [n for n, _ in off.named_parameters()]
+    assert list(on.state_dict()) == list(off.state_dict())
+    assert all(
+        type(a) is type(b) for a, b in zip(on.layers, off.layers, strict=True)
+    )  # blocks keep their class
+
+    torch.save(on.state_dict(), tmp_path / "on.pt")
+    off.load_state_dict(torch.load(tmp_path / "on.pt"), strict=True)
+    torch.testing.assert_close(off(tokens), on(tokens), atol=0, rtol=0)
+
+    torch.manual_seed(2)
+    off2 = tiny_decoder(num_layers=4)
+    torch.save(off2.state_dict(), tmp_path / "off.pt")
+    on.load_state_dict(torch.load(tmp_path / "off.pt"), strict=True)
+    torch.testing.assert_close(on(tokens), off2(tokens), atol=0, rtol=0)
+
+
+def test_a_copy_of_a_checkpointed_model_runs_its_own_weights():
+    """The checkpointed forward is a bound method: `copy.deepcopy` (a frozen reference model) binds it
+    to the copy's blocks, so changing the original's weights leaves the copy's outputs alone."""
+    import copy
+
+    tokens = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(4))
+    model = tiny_decoder(num_layers=2)
+    apply_activation_checkpointing(model)
+    ref = copy.deepcopy(model)
+    assert all(is_checkpointed(block) for block in ref.layers)
+    before = ref(tokens).detach()
+    with torch.no_grad():
+        for p in model.layers.parameters():
+            p.add_(1.0)
+    torch.testing.assert_close(ref(tokens), before, atol=0, rtol=0)
+    assert not torch.equal(model(tokens), before)
