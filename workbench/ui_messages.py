@@ -1,4 +1,4 @@
-"""Messages workers post back to the screens (small dataclasses; posting is thread-safe).
+"""Messages workers post back to the screens and widgets (small dataclasses; posting is thread-safe).
 
 A worker gets its inputs as arguments and answers with one of these; the screen's handler
 (`on_<message_name>`) is the only place that changes screen state or widgets."""
@@ -145,3 +145,15 @@ class DownloadDone(Message):
 
     text: str
     ok: bool = True
+
+
+@dataclass
+class FramePrepared(Message):
+    """A plot frame built by `MetricPlot`'s worker for curves `series` (cache key `key`); handled by
+    the plot itself, which keeps it (it does not bubble to the screen)."""
+
+    bubble = False  # class attribute, not a field: the plot is the only reader
+
+    key: tuple
+    series: dict[str, Any]
+    frame: Any  # textual.content.Content

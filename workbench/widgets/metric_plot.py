@@ -7,7 +7,8 @@ colours from the app's theme and turns the frame into Textual content.
 Redraws are cheap where nothing changed: each curve is downsampled once per (curve, plot width) and
 each painted frame (with Textual's lines for it) is kept per (curves, size, theme), so a repaint, a
 second `set_series` with the same curves, or switching back to curves already drawn runs neither the
-renderer nor Textual's line layout. `prepare` builds frames of other curve sets in a worker thread.
+renderer nor Textual's line layout. `prepare` builds frames of other curve sets in a worker thread,
+which posts each one back as a `FramePrepared` message.
 Curves are identified by the objects passed in and their length: hand over new objects (or append)
 when the data change, never edit values in place.
 """
@@ -28,6 +29,7 @@ from textual.visual import Visual
 from textual.widget import Widget
 from textual.worker import Worker, get_current_worker
 
+from workbench.ui_messages import FramePrepared
 from workbench.widgets.braille import AXIS, LABEL, Frame, render_plot
 
 Curve = tuple[Sequence[float], Sequence[float]]
@@ -193,7 +195,7 @@ class MetricPlot(Widget):
         if self._alternatives and width and height:
             keys = [self._key(series, (width, height)) for series in self._alternatives]
             todo = [(key, series) for key, series in zip(keys, self._alternatives) if key not in self._frames]
-            return self._prepare(todo, (width, height), self._styles())
+            return self._prepare(todo, self.title, (width, height), self._styles())
         return None
 
     def on_resize(self, event: events.Resize) -> None:
@@ -230,24 +232,25 @@ class MetricPlot(Widget):
         return frame
 
     @work(thread=True, exclusive=True, group="metric-plot-prepare", exit_on_error=False)
-    def _prepare(self, todo: list, size: tuple[int, int], styles: dict[int, Style]) -> None:
-        """Build the frames of `todo` ((key, curves) pairs) off the event loop; each one is handed
-        to the loop as it is done. Takes everything it reads as arguments."""
+    def _prepare(self, todo: list, title: str, size: tuple[int, int], styles: dict[int, Style]) -> None:
+        """Build the frames of `todo` ((key, curves) pairs) off the event loop; each one is posted to
+        the plot as a `FramePrepared` message as it is done. Takes everything it reads as arguments."""
         worker = get_current_worker()
         for key, series in todo:
             if worker.is_cancelled:
                 return
-            frame = build_frame(series, self.title, size, styles)
+            frame = build_frame(series, title, size, styles)
             if worker.is_cancelled:  # screen closed meanwhile (or the app is quitting)
                 return
             try:
-                self.app.call_from_thread(self._add_prepared, key, series, frame)
-            except RuntimeError:  # the app stopped while this frame was built
+                self.post_message(FramePrepared(key, series, frame))
+            except RuntimeError:  # the app's loop stopped while this frame was built
                 return
 
-    def _add_prepared(self, key: tuple, series: dict[str, Curve], frame: Content) -> None:
-        if key not in self._frames:
-            self._keep(key, series, frame)
+    def on_frame_prepared(self, message: FramePrepared) -> None:
+        message.stop()
+        if message.key not in self._frames:
+            self._keep(message.key, message.series, message.frame)
             self.prepared += 1
 
     def render(self) -> Content:
