@@ -1,5 +1,6 @@
-"""GGUF import: a llama-architecture `.gguf` file (llama.cpp's format; Mixtral's stacked experts
-included) into a Hugging Face folder.
+"""GGUF import: a `.gguf` file (llama.cpp's format) into a Hugging Face folder, for the architectures
+`llama` (Llama 2/3, SmolLM2, Mistral; Mixtral when `llama.expert_count` is set), `qwen2` (Qwen2/2.5,
+q/k/v biases), `qwen3` (per-head q/k RMSNorms) and `qwen3moe` (Qwen3-MoE: router + stacked experts).
 
     ckpt = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")       # config, weights, tokenizer in memory
     out = convert_gguf_to_hf("model.gguf", "models/smollm2")   # config.json + model.safetensors + tokenizer
@@ -8,14 +9,19 @@ included) into a Hugging Face folder.
 What the conversion undoes:
 - quantisation: every tensor is dequantised by the `gguf` package (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
   and the K-quants it knows) to float32;
-- llama.cpp's Q/K row permutation: its converter reorders the rows of `q_proj`/`k_proj` from HF's
-  "rotate halves" RoPE layout to the interleaved-pairs layout; we apply the inverse;
+- llama.cpp's Q/K row permutation (llama architecture only): its converter reorders the rows of
+  `q_proj`/`k_proj` from HF's "rotate halves" RoPE layout to the interleaved-pairs layout; we apply
+  the inverse. The Qwen architectures keep HF's order (llama.cpp runs them with NeoX-style RoPE);
+- stacked experts: `blk.N.ffn_{gate,up,down}_exps` `[E, out, in]` are split into HF's per-expert keys;
 - the tokenizer: a GPT-2 style byte-level BPE is rebuilt from `tokenizer.ggml.tokens/merges/token_type`
   and its pre-tokenizer from `tokenizer.ggml.pre`; a SentencePiece BPE (`llama`: Llama 2, Mistral) from
   the tokens and their scores (merges derived from the scores, byte fallback); the chat template comes
   from `tokenizer.chat_template`.
 
 Quantised weights only approximate the original model (Q4 keeps ~4.5 bits per weight).
+
+Why over 500 lines: one file format's reader, kept together: the architecture tables, the weight
+import and the tokenizer rebuilt from the same metadata (`gguf_export` writes the inverse of each).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ class GGUFError(CheckpointError):
     """A GGUF file that cannot be imported: names the file (and tensor/key) and what to do."""
 
 
-# llama.cpp tensor names -> Hugging Face Llama names. `{}` is the layer index.
+# llama.cpp tensor names -> Hugging Face names of the dense tensors (every architecture). `{}` is the
+# layer index. Qwen2 adds the q/k/v biases, Qwen3 the per-head q/k RMSNorms; a llama file has neither.
 GGUF_TO_HF: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -48,18 +55,51 @@ GGUF_TO_HF: dict[str, str] = {
     "blk.{}.attn_k.weight": "model.layers.{}.self_attn.k_proj.weight",
     "blk.{}.attn_v.weight": "model.layers.{}.self_attn.v_proj.weight",
     "blk.{}.attn_output.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "blk.{}.attn_q.bias": "model.layers.{}.self_attn.q_proj.bias",
+    "blk.{}.attn_k.bias": "model.layers.{}.self_attn.k_proj.bias",
+    "blk.{}.attn_v.bias": "model.layers.{}.self_attn.v_proj.bias",
+    "blk.{}.attn_q_norm.weight": "model.layers.{}.self_attn.q_norm.weight",
+    "blk.{}.attn_k_norm.weight": "model.layers.{}.self_attn.k_norm.weight",
     "blk.{}.ffn_gate.weight": "model.layers.{}.mlp.gate_proj.weight",
     "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
     "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
 }
-# Mixtral (llama architecture with `llama.expert_count`): the router, and experts stored stacked
-# `[E, out, in]`, split into HF's per-expert keys (`w1` gate, `w3` up, `w2` down).
-GGUF_TO_HF["blk.{}.ffn_gate_inp.weight"] = "model.layers.{}.block_sparse_moe.gate.weight"
+# Mixtures of experts: the router `blk.{}.ffn_gate_inp.weight` `[E, D]` and the experts stored stacked
+# `[E, out, in]` (native projection names here); HF keeps one key per expert, spelled per family
+# (`engine.checkpoint.hf_keys.MOE_NAMING`: Mixtral `block_sparse_moe.experts.{e}.w1`, Qwen3-MoE
+# `mlp.experts.{e}.gate_proj`).
+GGUF_ROUTER = "ffn_gate_inp.weight"
 GGUF_EXPERTS: dict[str, str] = {
-    "ffn_gate_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w1.weight",
-    "ffn_up_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w3.weight",
-    "ffn_down_exps.weight": "model.layers.{}.block_sparse_moe.experts.{}.w2.weight",
+    "ffn_gate_exps.weight": "gate_proj",
+    "ffn_up_exps.weight": "up_proj",
+    "ffn_down_exps.weight": "down_proj",
 }
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """How one llama.cpp architecture maps to a Hugging Face family.
+
+    family: HF `model_type` (Mixtral is llama.cpp's `llama` with `expert_count`, see `_family`).
+    architecture: HF `architectures[0]`. permute_qk: llama.cpp reorders the Q/K rows (its llama
+    RoPE rotates interleaved pairs; the Qwen architectures use the "rotate halves" order HF keeps).
+    qkv_bias / qk_norm: the tensors the family adds per layer.
+    """
+
+    family: str
+    architecture: str
+    permute_qk: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+
+GGUF_ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("llama", "LlamaForCausalLM", permute_qk=True),
+    "qwen2": GGUFArch("qwen2", "Qwen2ForCausalLM", permute_qk=False, qkv_bias=True),
+    "qwen3": GGUFArch("qwen3", "Qwen3ForCausalLM", permute_qk=False, qk_norm=True),
+    "qwen3moe": GGUFArch("qwen3_moe", "Qwen3MoeForCausalLM", permute_qk=False, qk_norm=True),
+}
+MIXTRAL = GGUFArch("mixtral", "MixtralForCausalLM", permute_qk=True)
 # Tensors that carry nothing the HF format stores (RoPE tables are recomputed from the config).
 GGUF_SKIPPED = ("rope_freqs.weight",)
 
@@ -165,16 +205,26 @@ def _dequantize(tensor, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True).reshape(shape))
 
 
-def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
+def gguf_arch(reader, path: Path) -> tuple[str, GGUFArch]:
+    """`(llama.cpp architecture, GGUFArch)` of the file; Mixtral is `llama` with `llama.expert_count`.
+    Raises GGUFError for an architecture the importer does not read."""
     arch = _field(reader, "general.architecture", path)
-    if arch != "llama":
+    if arch not in GGUF_ARCHS:
         raise GGUFError(
-            f"{path}: architecture {arch!r} is not supported by the GGUF importer (llama only); "
+            f"{path}: architecture {arch!r} is not supported by the GGUF importer "
+            f"({', '.join(GGUF_ARCHS)}; Mixtral as llama with experts); "
             "download the model's Hugging Face folder instead (`tunebench download REPO_ID`)"
         )
+    if arch == "llama" and int(_field(reader, "llama.expert_count", path, 0) or 0):
+        return arch, MIXTRAL
+    return arch, GGUF_ARCHS[arch]
+
+
+def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
+    arch, spec = gguf_arch(reader, path)
 
     def meta(key: str, default: Any = ...) -> Any:
-        return _field(reader, f"llama.{key}", path, default)
+        return _field(reader, f"{arch}.{key}", path, default)
 
     dim = int(meta("embedding_length"))
     heads = int(meta("attention.head_count"))
@@ -182,13 +232,16 @@ def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
     vocab = meta("vocab_size", None)
     if vocab is None:
         vocab = len(_field(reader, "tokenizer.ggml.tokens", path))
-    head_dim = int(meta("rope.dimension_count", dim // heads))
+    # Qwen3 heads need not be dim / heads wide: llama.cpp writes attention.key_length then.
+    head_dim = int(meta("attention.key_length", None) or meta("rope.dimension_count", dim // heads))
     eps = float(f"{float(meta('attention.layer_norm_rms_epsilon', 1e-5)):.6g}")
+    experts = int(meta("expert_count", 0) or 0)
+    ffn = meta("feed_forward_length", None) if spec.family == "qwen3_moe" else meta("feed_forward_length")
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [spec.architecture],
+        "model_type": spec.family,
         "hidden_size": dim,
-        "intermediate_size": int(meta("feed_forward_length")),
+        "intermediate_size": int(ffn) if ffn is not None else None,
         "num_hidden_layers": int(meta("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -199,21 +252,39 @@ def _config(reader, path: Path, has_output: bool) -> dict[str, Any]:
         "rope_theta": float(meta("rope.freq_base", 10000.0)),
         "vocab_size": int(vocab),
         "tie_word_embeddings": not has_output,
-        "attention_bias": False,
-        "mlp_bias": False,
         "rope_scaling": None,
     }
-    experts = int(meta("expert_count", 0) or 0)
-    if experts:  # Mixtral: a llama-architecture GGUF with stacked experts
+    if spec.family in ("llama", "mixtral", "qwen3", "qwen3_moe"):
+        config["attention_bias"] = False
+    if spec.family == "llama":
+        config["mlp_bias"] = False
+    if spec.family in ("qwen2", "qwen3", "qwen3_moe"):
+        config.update(use_sliding_window=False, sliding_window=None)
+    if spec.family == "mixtral":
         config.update(
-            architectures=["MixtralForCausalLM"],
-            model_type="mixtral",
             num_local_experts=experts,
             num_experts_per_tok=int(meta("expert_used_count")),
             router_jitter_noise=0.0,
             sliding_window=None,
         )
-    scaling = _field(reader, "llama.rope.scaling.type", path, None)
+    if spec.family == "qwen3_moe":
+        moe_ffn = int(meta("expert_feed_forward_length"))
+        config.update(
+            num_experts=experts,
+            num_experts_per_tok=int(meta("expert_used_count")),
+            moe_intermediate_size=moe_ffn,
+            # llama.cpp's qwen3moe always renormalises the top-k router weights.
+            norm_topk_prob=bool(meta("expert_weights_norm", True)),
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+        if config["intermediate_size"] is None:
+            config["intermediate_size"] = moe_ffn
+        if not experts:
+            raise GGUFError(
+                f"{path}: metadata key 'qwen3moe.expert_count' is missing; this GGUF file is incomplete"
+            )
+    scaling = meta("rope.scaling.type", None)
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
     elif scaling not in (None, "none"):
@@ -352,7 +423,11 @@ def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
         "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", path, kind == "llama")),
         "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", path, False)),
         "clean_up_tokenization_spaces": False,
-        "model_max_length": int(_field(reader, "llama.context_length", path, 4096)),
+        "model_max_length": int(
+            _field(
+                reader, f"{_field(reader, 'general.architecture', path, 'llama')}.context_length", path, 4096
+            )
+        ),
     }
     template = _field(reader, "tokenizer.chat_template", path, None)
     if template is not None:
@@ -360,17 +435,29 @@ def _tokenizer(reader, path: Path) -> tuple[str, dict[str, Any]]:
     return tok.to_str(), tokenizer_config
 
 
+def _per_layer_count(config: dict[str, Any], spec: GGUFArch) -> int:
+    """Weight tensors one decoder layer holds in HF form (per-expert keys counted one each)."""
+    count = 2 + 4 + 3 * spec.qkv_bias + 2 * spec.qk_norm  # norms, q/k/v/o, biases, q/k norms
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    return count + (1 + 3 * int(experts) if experts else 3)  # router + experts, or gate/up/down
+
+
 def load_gguf(path: str | Path, *, rebuild_tokenizer: bool = True) -> GGUFCheckpoint:
-    """Read a llama-architecture GGUF file: dequantised float32 weights under HF names (Q/K rows back
-    in HF order), an HF `config.json`, and the tokenizer rebuilt from the metadata.
+    """Read a GGUF file of a supported architecture (llama incl. Mixtral, qwen2, qwen3, qwen3moe):
+    dequantised float32 weights under HF names (llama Q/K rows back in HF order, stacked experts
+    split into per-expert keys), an HF `config.json`, and the tokenizer rebuilt from the metadata.
 
     Raises `GGUFError` for a missing/damaged file, another architecture, a tensor type the `gguf`
     package cannot dequantise, an unknown tensor name, or a tokenizer that cannot be rebuilt.
     """
+    from engine.checkpoint.hf_keys import MOE_NAMING
+
     path = Path(path)
     reader = _open(path)
     names = {t.name for t in reader.tensors}
     config = _config(reader, path, has_output="output.weight" in names)
+    _, spec = gguf_arch(reader, path)
+    moe = MOE_NAMING.get(spec.family)  # (HF module of the MoE block, {native proj: HF proj})
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     state_dict: dict[str, torch.Tensor] = {}
     tensor_types: dict[str, str] = {}
@@ -378,32 +465,37 @@ def load_gguf(path: str | Path, *, rebuild_tokenizer: bool = True) -> GGUFCheckp
         if tensor.name in GGUF_SKIPPED:
             continue
         parts = tensor.name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in GGUF_EXPERTS:
+        in_block = len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit()
+        if moe is not None and in_block and parts[2] in GGUF_EXPERTS:
             stacked = _dequantize(tensor, path)  # [E, out, in]
+            proj = moe[1][GGUF_EXPERTS[parts[2]]]
             for e in range(stacked.shape[0]):
-                key = GGUF_EXPERTS[parts[2]].format(parts[1], e)
+                key = f"model.layers.{parts[1]}.{moe[0]}.experts.{e}.{proj}.weight"
                 state_dict[key] = stacked[e].clone()
                 tensor_types[key] = tensor.tensor_type.name
             continue
-        hf = _hf_name(tensor.name)
+        if moe is not None and in_block and parts[2] == GGUF_ROUTER:
+            hf = f"model.layers.{parts[1]}.{moe[0]}.gate.weight"
+        else:
+            hf = _hf_name(tensor.name)
         if hf is None:
             raise GGUFError(
-                f"{path}: tensor {tensor.name!r} has no Hugging Face Llama counterpart; "
-                "this is not a plain llama-architecture GGUF"
+                f"{path}: tensor {tensor.name!r} has no Hugging Face {spec.architecture} counterpart; "
+                f"this is not a plain {spec.family} GGUF"
             )
         weight = _dequantize(tensor, path)
-        if hf.endswith("q_proj.weight"):
+        if spec.permute_qk and hf.endswith("q_proj.weight"):
             weight = unpermute_qk(weight, heads)
-        elif hf.endswith("k_proj.weight"):
+        elif spec.permute_qk and hf.endswith("k_proj.weight"):
             weight = unpermute_qk(weight, kv_heads)
         state_dict[hf] = weight
         tensor_types[hf] = tensor.tensor_type.name
-    per_layer = 7 + 3 * config["num_local_experts"] if "num_local_experts" in config else 9
+    per_layer = _per_layer_count(config, spec)
     expected = config["num_hidden_layers"] * per_layer + 2 + (0 if config["tie_word_embeddings"] else 1)
     if len(state_dict) != expected:
         raise GGUFError(
             f"{path}: {len(state_dict)} weight tensors found, {expected} expected for "
-            f"{config['num_hidden_layers']} layers; the file is incomplete"
+            f"{config['num_hidden_layers']} {spec.family} layers; the file is incomplete"
         )
     tokenizer_json, tokenizer_config = ("", {})
     if rebuild_tokenizer:

@@ -3,18 +3,25 @@
     path = export_gguf("runs/7/checkpoints/step_100/model", "smol.f16.gguf", "f16")
 
 The inverse of `engine.checkpoint.gguf` (the importer), so the file reads back through it:
+- architecture: `llama` for Llama 2/3, SmolLM2, Mistral and Mixtral (+ `llama.expert_count`), `qwen2`,
+  `qwen3`, `qwen3moe` (`ARCH_OF`);
 - names: native -> HF (`engine.checkpoint.hf_keys`) -> GGUF (the importer's `GGUF_TO_HF`, inverted);
-- llama.cpp's Q/K row permutation is redone (`permute_qk`), the importer undoes it;
+  per-expert HF keys are stacked back into `blk.N.ffn_{gate,up,down}_exps` `[E, out, in]`, the router
+  is `blk.N.ffn_gate_inp`;
+- llama.cpp's Q/K row permutation is redone for the llama architecture (`permute_qk`), the importer
+  undoes it; the Qwen architectures keep HF's row order;
 - storage: `f16`/`bf16` store every matrix in that type, `q8_0` quantises matrices with the `gguf`
-  package's `quants.quantize` (blocks of 32 weights, one f16 scale); norms stay F32, as llama.cpp does;
-- metadata: the `llama.*` keys the importer reads, and the tokenizer: a byte-level BPE as
+  package's `quants.quantize` (blocks of 32 weights, one f16 scale); norms, biases and the MoE router
+  stay F32, as llama.cpp's converter keeps them (a router rounding flips which experts a token takes);
+- metadata: the `<arch>.*` keys the importer reads (experts: `expert_count`, `expert_used_count`,
+  Qwen3-MoE `expert_feed_forward_length`), and the tokenizer: a byte-level BPE as
   `tokenizer.ggml.model = "gpt2"` (tokens, merges, types, the `pre` name whose pre-tokenizer splits
   text as the source's does), a SentencePiece BPE (byte fallback) as `"llama"` (tokens, scores from
   the merge ranks, types), special token ids, BOS/EOS use and `tokenizer.chat_template`.
 
-Families: the ones the importer reads, i.e. llama-architecture decoders (Llama 2/3, SmolLM2, Mistral)
-without attention bias, Q/K norms, experts or RoPE scaling. Others raise GGUFError.
-The file is written under a temporary name beside the target and renamed into place.
+What a GGUF cannot say is refused with a one-line GGUFError: RoPE scaling, llama attention/MLP biases,
+a Qwen3-MoE without top-k renormalisation (llama.cpp always renormalises). The file is written under
+a temporary name beside the target and renamed into place.
 """
 
 from __future__ import annotations
@@ -27,11 +34,29 @@ from typing import Any
 
 import torch
 
-from engine.checkpoint.gguf import GGUF_TO_HF, SUPPORTED_PRE, GGUFError, _pre_tokenizer, permute_qk
+from engine.checkpoint.gguf import (
+    GGUF_ARCHS,
+    GGUF_EXPERTS,
+    GGUF_ROUTER,
+    GGUF_TO_HF,
+    SUPPORTED_PRE,
+    GGUFError,
+    _pre_tokenizer,
+    permute_qk,
+)
 
 GGUF_TYPES = ("f16", "bf16", "q8_0")
 HF_TO_GGUF: dict[str, str] = {hf: g for g, hf in GGUF_TO_HF.items()}
-_FAMILIES = ("llama", "mistral")  # HF model_type values the llama GGUF architecture expresses
+# HF family (`engine.models.hf_config.family_of`) -> the llama.cpp architecture that holds it.
+ARCH_OF: dict[str, str] = {
+    "llama": "llama",
+    "mistral": "llama",
+    "mixtral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+}
+_EXPERTS_OF: dict[str, str] = {proj: g for g, proj in GGUF_EXPERTS.items()}  # native proj -> GGUF name
 # Texts the candidate pre-tokenizers must split exactly as the source one does.
 _PRE_PROBES = (
     "Hello world! It's 2024, they'll pay $1234567.89 for 3.14 apples.",
@@ -48,21 +73,39 @@ def _gguf_name(hf: str) -> str | None:
     return HF_TO_GGUF.get(hf)
 
 
-def check_family(config: dict[str, Any], source: str) -> None:
-    """Raise GGUFError when the llama GGUF architecture (as the importer reads it) cannot hold `config`."""
-    kind = config.get("model_type")
-    if kind not in _FAMILIES:
+def check_family(config: dict[str, Any], source: str) -> str:
+    """The family of `config` (`llama`, `mistral`, `mixtral`, `qwen2`, `qwen3`, `qwen3_moe`); raises
+    GGUFError when no GGUF architecture the importer reads can hold it."""
+    from engine.checkpoint.errors import CheckpointError
+    from engine.models.hf_config import family_of
+
+    try:
+        family = family_of(config, source)
+    except CheckpointError:
+        family = None
+    if family not in ARCH_OF:
+        kind = config.get("model_type") or (config.get("architectures") or ["nothing"])[0]
         raise GGUFError(
-            f"{source}: model_type {kind!r} cannot be exported to GGUF (llama-architecture only: "
-            f"{', '.join(_FAMILIES)}); use llama.cpp's convert_hf_to_gguf.py on the Hugging Face folder instead"
+            f"{source}: model_type {kind!r} cannot be exported to GGUF (supported: {', '.join(ARCH_OF)}); "
+            "use llama.cpp's convert_hf_to_gguf.py on the Hugging Face folder instead"
         )
-    if config.get("attention_bias") or config.get("mlp_bias"):
+    if ARCH_OF[family] == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
         raise GGUFError(f"{source}: attention/MLP biases cannot be exported to a llama GGUF")
+    if config.get("mlp_bias"):
+        raise GGUFError(f"{source}: MLP biases cannot be exported to a {ARCH_OF[family]} GGUF")
+    if family == "qwen3" and config.get("attention_bias"):
+        raise GGUFError(f"{source}: attention biases cannot be exported to a qwen3 GGUF")
+    if family == "qwen3_moe" and not config.get("norm_topk_prob", True):
+        raise GGUFError(
+            f"{source}: norm_topk_prob=false cannot be exported: llama.cpp's qwen3moe always "
+            "renormalises the top-k router weights, so the GGUF would compute another model"
+        )
     rope_type = _rope(config).get("rope_type", _rope(config).get("type", "default"))
     if rope_type != "default":
         raise GGUFError(
             f"{source}: RoPE scaling {rope_type!r} cannot be exported (the GGUF importer reads unscaled RoPE only)"
         )
+    return family
 
 
 def _rope(config: dict[str, Any]) -> dict[str, Any]:
@@ -182,9 +225,10 @@ def _chat_template(model_dir: Path, cfg: dict) -> str | None:
     return None
 
 
-def _model_metadata(writer, config: dict[str, Any], vocab: int, name: str) -> None:
+def _model_metadata(writer, config: dict[str, Any], family: str, vocab: int, name: str) -> None:
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or dim // heads)
     writer.add_name(name)
     writer.add_block_count(int(config["num_hidden_layers"]))
     writer.add_context_length(int(config.get("max_position_embeddings", 4096)))
@@ -192,19 +236,28 @@ def _model_metadata(writer, config: dict[str, Any], vocab: int, name: str) -> No
     writer.add_feed_forward_length(int(config["intermediate_size"]))
     writer.add_head_count(heads)
     writer.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
-    writer.add_rope_dimension_count(int(config.get("head_dim") or dim // heads))
+    writer.add_key_length(head_dim)  # Qwen3 heads are wider than dim / heads
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(float(_rope(config)["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5)))
     writer.add_vocab_size(vocab)
+    if family in ("mixtral", "qwen3_moe"):
+        # transformers 4 spells Qwen3-MoE's count `num_experts`, 5 `num_local_experts` (as Mixtral)
+        writer.add_expert_count(int(config.get("num_experts") or config["num_local_experts"]))
+        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+    if family == "qwen3_moe":
+        writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
 
 
 def _stored(weight: torch.Tensor, qtype: str):
-    """`(array, raw_dtype)` for `writer.add_tensor`: 1-D tensors F32, matrices in `qtype`."""
+    """`(array, raw_dtype)` for `writer.add_tensor`: 1-D tensors F32, matrices (and `[E, out, in]`
+    expert stacks) in `qtype` (`f32` keeps them as they are)."""
     import numpy as np
     from gguf import GGMLQuantizationType, quants
 
     array = weight.detach().to(torch.float32).contiguous().numpy()
-    if array.ndim == 1:
+    if array.ndim == 1 or qtype == "f32":
         return array, None
     if qtype == "f16":
         return array.astype(np.float16), None
@@ -216,18 +269,71 @@ def _stored(weight: torch.Tensor, qtype: str):
 
 
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """HF-named float32 weights of a native decoder with its adapters folded in (tied output dropped)."""
-    from engine.checkpoint.hf_keys import native_to_hf
+    """HF-named float32 weights of a native decoder with its adapters folded in (tied output dropped;
+    stacked experts as HF's per-expert keys, views of the merged stack)."""
+    from engine.checkpoint.hf_keys import native_expert_to_hf, native_to_hf
+    from engine.checkpoint.hf_safetensors import moe_naming
     from engine.modules.peft import merged_state_dict
 
+    naming = moe_naming(model)
     out: dict[str, torch.Tensor] = {}
     for key, value in merged_state_dict(model, dtype=torch.float32).items():
         if key == "output.weight" and getattr(model, "tied", False):
             continue
-        hf = native_to_hf(key)
+        if native_expert_to_hf(key, 0, naming) is not None:
+            for e in range(value.shape[0]):
+                out[native_expert_to_hf(key, e, naming)] = value[e]
+            continue
+        hf = native_to_hf(key, naming)
         if hf is None:
-            raise GGUFError(f"weight {key!r} has no llama GGUF counterpart; this model cannot be exported")
+            raise GGUFError(f"weight {key!r} has no GGUF counterpart; this model cannot be exported")
         out[hf] = value
+    return out
+
+
+def gguf_tensors(
+    state_dict: dict[str, torch.Tensor], config: dict[str, Any], family: str
+) -> dict[str, torch.Tensor]:
+    """GGUF name -> float32 tensor for HF-named weights of `family`: dense names through the
+    importer's table, Q/K rows permuted for the llama architecture, per-expert keys stacked
+    `[E, out, in]`, routers as `ffn_gate_inp`. Raises GGUFError for a key with no GGUF name or an
+    expert stack with gaps."""
+    from engine.checkpoint.hf_keys import hf_expert_to_native, hf_to_native
+
+    naming = family if family in ("mixtral", "qwen3_moe") else None
+    permute = GGUF_ARCHS[ARCH_OF[family]].permute_qk
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    out: dict[str, torch.Tensor] = {}
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for hf, weight in state_dict.items():
+        expert = hf_expert_to_native(hf, naming)
+        if expert is not None:  # ("layers.L.mlp.experts.<proj>", e)
+            native, e = expert
+            layer, proj = native.split(".")[1], native.rsplit(".", 1)[1]
+            stacks.setdefault(f"blk.{layer}.{_EXPERTS_OF[proj]}", {})[e] = weight
+            continue
+        native = hf_to_native(hf, naming)
+        if naming is not None and native is not None and native.endswith(".mlp.router.weight"):
+            out[f"blk.{native.split('.')[1]}.{GGUF_ROUTER}"] = weight
+            continue
+        gname = _gguf_name(hf)
+        if gname is None:
+            raise GGUFError(
+                f"weight {hf!r} has no {ARCH_OF[family]} GGUF counterpart; this model cannot be exported"
+            )
+        if permute and hf.endswith("q_proj.weight"):
+            weight = permute_qk(weight, heads)
+        elif permute and hf.endswith("k_proj.weight"):
+            weight = permute_qk(weight, kv_heads)
+        out[gname] = weight
+    for gname, experts in stacks.items():
+        if sorted(experts) != list(range(len(experts))):
+            missing = sorted(set(range(max(experts) + 1)) - set(experts))
+            raise GGUFError(
+                f"{gname}: experts {missing} are missing from the weights; the model is incomplete"
+            )
+        out[gname] = torch.stack([experts[e] for e in range(len(experts))])  # [E, out, in]
     return out
 
 
@@ -245,27 +351,20 @@ def write_gguf(
 
     if qtype not in GGUF_TYPES:
         raise GGUFError(f"GGUF type {qtype!r} is unknown; use one of {', '.join(GGUF_TYPES)}")
-    check_family(config, str(tokenizer_dir))
+    family = check_family(config, str(tokenizer_dir))
     out = Path(out)
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    tensors = []
-    for hf, weight in state_dict.items():
-        gname = _gguf_name(hf)
-        if gname is None:
-            raise GGUFError(f"weight {hf!r} has no llama GGUF counterpart; this model cannot be exported")
-        if hf.endswith("q_proj.weight"):
-            weight = permute_qk(weight, heads)
-        elif hf.endswith("k_proj.weight"):
-            weight = permute_qk(weight, kv_heads)
-        tensors.append((gname, *_stored(weight, qtype)))
+    tensors = [
+        (gname, *_stored(weight, "f32" if gname.endswith(GGUF_ROUTER) else qtype))
+        for gname, weight in gguf_tensors(state_dict, config, family).items()
+    ]
     file_type = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}[qtype]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        writer = gguf.GGUFWriter(tmp, "llama")
-        _model_metadata(writer, config, int(state_dict["model.embed_tokens.weight"].shape[0]), name)
+        writer = gguf.GGUFWriter(tmp, ARCH_OF[family])
+        vocab = int(state_dict["model.embed_tokens.weight"].shape[0])
+        _model_metadata(writer, config, family, vocab, name)
         writer.add_file_type(gguf.LlamaFileType[file_type])
         _tokenizer_metadata(writer, Path(tokenizer_dir))
         for gname, array, raw in tensors:

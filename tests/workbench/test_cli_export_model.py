@@ -60,11 +60,10 @@ def test_bad_inputs_one_line_exit_2(tunebench_home, model_folder, tmp_path, caps
     assert "no model weights" in err
     err = _one_line_exit_2(["export-model", str(model_folder), "--gguf", "q4_k", "-o", str(out)], capsys)
     assert "--gguf 'q4_k'" in err and "q8_0" in err
-    cfg = transformers.Qwen2Config(
-        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4
+    (tmp_path / "gemma").mkdir()
+    (tmp_path / "gemma" / "config.json").write_text(
+        '{"architectures": ["GemmaForCausalLM"], "model_type": "gemma"}'
     )
-    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "qwen")
-    capsys.readouterr()  # transformers' save progress bar
-    err = _one_line_exit_2(["export-model", str(tmp_path / "qwen"), "--gguf", "f16", "-o", str(out)], capsys)
-    assert "qwen2" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "qwen"]  # nothing written
+    err = _one_line_exit_2(["export-model", str(tmp_path / "gemma"), "--gguf", "f16", "-o", str(out)], capsys)
+    assert "gemma" in err and "qwen3_moe" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "gemma"]  # nothing written

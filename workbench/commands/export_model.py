@@ -4,7 +4,8 @@ adapters folded into the base) as one GGUF file for llama.cpp and Ollama.
 RUN_OR_DIR is a run id or name (its latest checkpoint), a run folder, a checkpoint folder
 (`checkpoints/step_<N>`), a model folder (HF `config.json` + safetensors, or PEFT adapters whose
 `adapter_config.json` names the base), or `demo`. FILE defaults to `<name>.<type>.gguf` here; an
-existing FILE is replaced only with --force. Llama-architecture models only (Llama 2/3, SmolLM2, Mistral).
+existing FILE is replaced only with --force. Families: Llama 2/3, SmolLM2, Mistral, Mixtral, Qwen2/2.5,
+Qwen3, Qwen3-MoE.
 """
 
 from __future__ import annotations

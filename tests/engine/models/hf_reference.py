@@ -38,7 +38,7 @@ def hf_config(family: str, **overrides):
     if family == "qwen3":
         return transformers.Qwen3Config(**sizes, head_dim=24, tie_word_embeddings=True)
     if family == "mistral":
-        return transformers.MistralConfig(**sizes, sliding_window=6)
+        return transformers.MistralConfig(**{"sliding_window": 6, **sizes})
     if family == "qwen3_moe":
         moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
         return transformers.Qwen3MoeConfig(
