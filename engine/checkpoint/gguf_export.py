@@ -76,7 +76,7 @@ def _gguf_name(hf: str) -> str | None:
 def check_family(config: dict[str, Any], source: str) -> str:
     """The family of `config` (`llama`, `mistral`, `mixtral`, `qwen2`, `qwen3`, `qwen3_moe`); raises
     GGUFError when no GGUF architecture the importer reads can hold it."""
-    from engine.checkpoint.errors import CheckpointError
+    from engine.checkpoint.checkpoint_errors import CheckpointError
     from engine.models.hf_config import family_of
 
     try:
