@@ -157,3 +157,12 @@ class FramePrepared(Message):
     key: tuple
     series: dict[str, Any]
     frame: Any  # textual.content.Content
+
+
+@dataclass
+class ModelExported(Message):
+    """A run's model was written as a GGUF file at `path`, or `error` (one line) says why not."""
+
+    run_id: str
+    path: str = ""
+    error: str = ""

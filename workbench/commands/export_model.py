@@ -95,3 +95,25 @@ def run(args: argparse.Namespace) -> int:
     size = path.stat().st_size / 2**20
     print(f"wrote {path} ({size:.1f} MiB, {args.gguf}) from {folder}")
     return 0
+
+
+def export_run_gguf(run_id: str, qtype: str) -> Path:
+    """The workbench's GGUF export (the `g` key of the Runs and Live run screens): run `run_id`'s
+    latest complete checkpoint, merged, written to `<run folder>/<name>.step_<N>.<qtype>.gguf`
+    (replaced when it exists: the same checkpoint gives the same file). Blocks; call it from a worker.
+    Raises UserError / GGUFError (a ConfigError) with one line naming what to change."""
+    if qtype not in TYPES:
+        raise UserError(f"GGUF type {qtype!r} is unknown; use one of {', '.join(TYPES)}")
+    from engine.tracking.db import open_db
+    from engine.tracking.readers import get_run
+
+    with open_db(create=False) as db:
+        rec = get_run(run_id, db=db)
+    folder = _model_folder(Path(rec.output_dir))
+    if folder is None:
+        raise UserError(f"run {rec.name or rec.id}: no complete checkpoint with model weights yet")
+    step = next((p.name for p in (folder, *folder.parents) if p.name.startswith("step_")), None)
+    name = ".".join(filter(None, [rec.name or rec.id, step, qtype, "gguf"]))
+    from engine.checkpoint.gguf_export import export_gguf
+
+    return export_gguf(folder, Path(rec.output_dir) / name, qtype)

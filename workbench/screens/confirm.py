@@ -1,4 +1,5 @@
-"""Small modal dialogs: yes/no confirmation, typed confirmation, and one line of text input."""
+"""Small modal dialogs: yes/no confirmation, typed confirmation, one line of text input, and a
+choice among a few options."""
 
 from __future__ import annotations
 
@@ -102,6 +103,42 @@ class TextPromptScreen(ModalScreen[str | None]):
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ChoiceScreen(ModalScreen[str | None]):
+    """Pick one of a few `choices` (e.g. a GGUF storage type): its button, or its number key (1-9);
+    escape returns None."""
+
+    DEFAULT_CSS = _CSS.format(name="ChoiceScreen")
+    BINDINGS = [Binding("escape", "cancel", "cancel")] + [
+        Binding(str(n), f"pick({n - 1})", show=False) for n in range(1, 10)
+    ]
+
+    def __init__(self, prompt: str, choices: list[str] | tuple[str, ...]) -> None:
+        super().__init__()
+        self.prompt = prompt
+        self.choices = list(choices)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.prompt)
+            with Horizontal():
+                for i, choice in enumerate(self.choices):
+                    yield Button(f"{i + 1} {choice}", id=f"choice-{i}", variant="primary" if i == 0 else "default")
+
+    def on_mount(self) -> None:
+        self.query_one("#choice-0", Button).focus()
+
+    def action_pick(self, index: int) -> None:
+        if index < len(self.choices):
+            self.dismiss(self.choices[index])
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(self.choices[int(str(event.button.id).removeprefix("choice-"))])
 
     def action_cancel(self) -> None:
         self.dismiss(None)

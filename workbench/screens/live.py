@@ -4,7 +4,7 @@ the log tail, and toasts for NaN, out-of-memory, checkpoints and the end of the 
 Recipe panels appear when the recipe logs them: rewards and KL (DPO rewards/margins, GRPO reward,
 KL and clip fraction), loss terms (KD's `loss/kd` and `loss/ce`, loss per data source), and GRPO's
 rollout statistics (completion length, staleness, dropped rollouts, actor restarts). `s` opens the
-GRPO sample completions (`samples.jsonl`). Evaluation scores (`tunebench eval`) show as a table
+GRPO sample completions (`samples.jsonl`); `g` exports the latest checkpoint's merged model as GGUF. Evaluation scores (`tunebench eval`) show as a table
 of task/metric by step when the run has any.
 """
 
@@ -22,9 +22,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 
 from workbench import services
+from workbench.commands.export_model import TYPES as GGUF_TYPES
 from workbench.run_poller import RunPoller
-from workbench.screens.confirm import ConfirmScreen
-from workbench.ui_messages import RunActionDone, RunDataArrived, WorkFailed
+from workbench.screens.confirm import ChoiceScreen, ConfirmScreen
+from workbench.ui_messages import ModelExported, RunActionDone, RunDataArrived, WorkFailed
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.log_tail import LogTail
 from workbench.widgets.metric_plot import MetricPlot
@@ -72,6 +73,7 @@ class LiveRunScreen(Screen):
         Binding("r", "resume", "resume"),
         Binding("k", "clone", "clone"),
         Binding("s", "samples", "samples"),
+        Binding("g", "export_gguf", "export GGUF"),
         Binding("q,escape", "back", "back"),
     ]
     DEFAULT_CSS = """
@@ -233,6 +235,36 @@ class LiveRunScreen(Screen):
 
     def action_clone(self) -> None:
         self.app.push_screen(self.app.make_screen("recipe", clone_of=self.run_id))
+
+    def action_export_gguf(self) -> None:
+        name = self.run.get("name", self.run_id)
+
+        def chosen(qtype: str | None) -> None:
+            if qtype:
+                self.notify(f"exporting the latest checkpoint as {qtype} GGUF ...")
+                self._export_gguf(self.run_id, qtype)
+
+        self.app.push_screen(
+            ChoiceScreen(f"Export {name}'s merged model as GGUF (llama.cpp, Ollama); storage:", GGUF_TYPES),
+            chosen,
+        )
+
+    @work(thread=True, group="gguf-export")
+    def _export_gguf(self, run_id: str, qtype: str) -> None:
+        from workbench.commands.export_model import export_run_gguf
+
+        try:
+            path = export_run_gguf(run_id, qtype)
+        except Exception as exc:  # one line: the message names what to change
+            self.post_message(ModelExported(run_id, error=(str(exc).splitlines() or [type(exc).__name__])[0]))
+            return
+        self.post_message(ModelExported(run_id, path=str(path)))
+
+    def on_model_exported(self, message: ModelExported) -> None:
+        if message.error:
+            self.notify(f"GGUF export failed: {message.error}", severity="error", timeout=10)
+        else:
+            self.notify(f"wrote {message.path}", timeout=10)
 
     def _act(self, action: str) -> None:
         if action != "stop":  # resume truncates metrics past the checkpoint: re-read the curves from scratch

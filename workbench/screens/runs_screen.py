@@ -1,5 +1,5 @@
-"""Runs: every run in the tracker, updated live. Open, compare, resume, clone, stop, export, delete,
-tag and annotate runs from here.
+"""Runs: every run in the tracker, updated live. Open, compare, resume, clone, stop, export (the
+config as YAML, or the model as GGUF), delete, tag and annotate runs from here.
 
 Space marks runs for compare or bulk actions; without marks an action applies to the run under
 the cursor. Quitting the workbench never stops a run.
@@ -14,8 +14,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label
 
 from workbench import services
-from workbench.screens.confirm import ConfirmScreen, TextPromptScreen, TypedConfirmScreen
-from workbench.ui_messages import RunActionDone, RunsLoaded, WorkFailed
+from workbench.commands.export_model import TYPES as GGUF_TYPES
+from workbench.screens.confirm import ChoiceScreen, ConfirmScreen, TextPromptScreen, TypedConfirmScreen
+from workbench.ui_messages import ModelExported, RunActionDone, RunsLoaded, WorkFailed
 from workbench.widgets.runs_table import COLUMNS, RunsTable
 
 SORTABLE = [key for key, _ in COLUMNS if key != "mark"]
@@ -35,7 +36,8 @@ class RunsScreen(Screen):
         Binding("r", "resume", "resume", show=False),
         Binding("k", "clone", "clone", show=False),
         Binding("x", "stop", "stop", show=False),
-        Binding("e", "export", "export", show=False),
+        Binding("e", "export", "export YAML", show=False),
+        Binding("g", "export_gguf", "export GGUF", show=False),
         Binding("D", "delete", "delete", show=False),
         Binding("t", "tag", "tag", show=False),
         Binding("o", "note", "note", show=False),
@@ -172,6 +174,38 @@ class RunsScreen(Screen):
                     self._run_action("export", rid, path)
 
             self.app.push_screen(TextPromptScreen("Export the run's config as YAML to:", default), chosen)
+
+    def action_export_gguf(self) -> None:
+        for rid in self._selected(one=True):
+            name = self._run_name(rid)
+
+            def chosen(qtype: str | None, rid=rid, name=name) -> None:
+                if qtype:
+                    self.notify(f"{name}: exporting the latest checkpoint as {qtype} GGUF ...")
+                    self._export_gguf(rid, qtype)
+
+            self.app.push_screen(
+                ChoiceScreen(f"Export {name}'s merged model as GGUF (llama.cpp, Ollama); storage:", GGUF_TYPES),
+                chosen,
+            )
+
+    @work(thread=True, group="gguf-export")
+    def _export_gguf(self, run_id: str, qtype: str) -> None:
+        from workbench.commands.export_model import export_run_gguf
+
+        try:
+            path = export_run_gguf(run_id, qtype)
+        except Exception as exc:  # one line: the message names what to change
+            self.post_message(ModelExported(run_id, error=(str(exc).splitlines() or [type(exc).__name__])[0]))
+            return
+        self.post_message(ModelExported(run_id, path=str(path)))
+
+    def on_model_exported(self, message: ModelExported) -> None:
+        name = self._run_name(message.run_id)
+        if message.error:
+            self.notify(f"{name}: GGUF export failed: {message.error}", severity="error", timeout=10)
+        else:
+            self.notify(f"{name}: wrote {message.path}", timeout=10)
 
     def action_delete(self) -> None:
         for rid in self._selected(one=True):
