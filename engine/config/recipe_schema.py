@@ -56,7 +56,10 @@ class Field:
             number must exceed / stay under it.
         pattern: a regex (full match, case-insensitive) a string value must match; `expect` words it.
         component: a `_component_` mapping (or, with `list` in `type`, a list of them).
-        keys: for a plain mapping, the Fields of its keys; other keys are reported unknown.
+        keys: for a plain mapping (a nested block: `validation`, `fsdp`), the Fields of its keys;
+            other keys are reported unknown (did-you-mean), and `Schema.fill` fills the absent ones
+            with their defaults, so a recipe reads `cfg["fsdp"]["cpu_offload"]` without a default of
+            its own. A block whose default is a mapping reads null as that default (all sub-defaults).
         values: for a mapping of names to things (`rewards:`), the Field every value follows.
         controls: the workbench controls (`CONTROL_NAMES`) that set this key for this recipe.
     """
@@ -89,6 +92,23 @@ class Field:
     def but(self, **changes: Any) -> Field:
         """This field with some attributes changed (a recipe's own doc or default for a shared key)."""
         return dataclasses.replace(self, **changes)
+
+    def filled(self, value: Any) -> Any:
+        """`value` with a block's absent keys set to their defaults (recursively); other values as
+        they are. Null for a block whose default is a mapping is that mapping, filled."""
+        if self.keys is None:
+            return value
+        if value is None and isinstance(self.default, dict):
+            value = self.default
+        if not isinstance(value, dict):
+            return value
+        out = dict(value)
+        for sub, rule in self.keys.items():
+            if sub not in out and not rule.required:
+                out[sub] = copy.deepcopy(rule.default)
+            if sub in out:
+                out[sub] = rule.filled(out[sub])
+        return out
 
     def wanted(self) -> str:
         """`an integer >= 1 or null`: what to write instead, in a YAML writer's words."""
@@ -231,16 +251,32 @@ class Schema:
             raise ValueError("a one-process schema says why in nproc_note (and only that one)")
 
     # -- reading --------------------------------------------------------------------------------
+    def field_at(self, path: str) -> Field | None:
+        """The Field of a key, top-level (`batch_size`) or in a block (`validation.fraction`); None
+        for a key the schema does not declare (a component's own arguments included)."""
+        fields: Mapping[str, Field] | None = self.fields
+        found = None
+        for part in path.split("."):
+            if fields is None or part not in fields:
+                return None
+            found = fields[part]
+            fields = found.keys
+        return found
+
     def doc(self, key: str) -> str:
-        """The one-line description of a top-level key ("" for an unknown one)."""
-        return self.fields[key].doc if key in self.fields else ""
+        """The one-line description of a key, top-level or dotted into a block ("" for an unknown one)."""
+        f = self.field_at(key)
+        return f.doc if f is not None else ""
 
     def fill(self, cfg: Mapping) -> dict:
-        """A copy of `cfg` with every absent optional key set to its default (what the recipe trains with)."""
+        """A copy of `cfg` with every absent optional key set to its default, and the absent keys of
+        the blocks given (or defaulted) filled the same way: what the recipe trains with."""
         out = dict(cfg)
         for key, f in self.fields.items():
             if key not in out and not f.required:
                 out[key] = copy.deepcopy(f.default)  # a list default is the run's own
+            if key in out:
+                out[key] = f.filled(out[key])
         return out
 
     # -- checking -------------------------------------------------------------------------------

@@ -92,8 +92,8 @@ SHARED: dict[str, Field] = {
     ),
     "fsdp": Field(
         dict | None,
-        None,
-        "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2)",
+        {},
+        "{reshard_after_forward, cpu_offload} for multi-rank runs (FSDP2); absent or null: the defaults",
         keys={
             "reshard_after_forward": Field(bool, True, "free gathered weights after each block's forward"),
             "cpu_offload": Field(bool, False, "keep sharded parameters and optimizer state in host memory"),

@@ -221,17 +221,17 @@ class PPORecipe:
         if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
             raise wrong
         self.device = pick_device(cfg.get("device"))
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.dtype = parse_dtype(cfg["dtype"])
         self.output_dir = Path(cfg.get("output_dir") or "./runs/ppo")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.num_samples = int(cfg.get("num_samples", 1))
-        self.max_new_tokens = int(cfg.get("max_new_tokens", 128))
-        self.temperature = float(cfg.get("temperature", 1.0))
-        self.ppo_epochs = int(cfg.get("ppo_epochs", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        self.gamma, self.lam = float(cfg.get("gamma", 1.0)), float(cfg.get("lam", 0.95))
+        self.seed = int(cfg["seed"])
+        self.batch_size = int(cfg["batch_size"])
+        self.num_samples = int(cfg["num_samples"])
+        self.max_new_tokens = int(cfg["max_new_tokens"])
+        self.temperature = float(cfg["temperature"])
+        self.ppo_epochs = int(cfg["ppo_epochs"])
+        self.epochs = int(cfg["epochs"])
+        self.keep_last = int(cfg["keep_last_n_checkpoints"])
+        self.gamma, self.lam = float(cfg["gamma"]), float(cfg["lam"])
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"must be in [0, 1], got {value}", field=key)
@@ -287,8 +287,8 @@ class PPORecipe:
         self.logger = MetricLogger.from_env(rank=self.rank)
         cfg = self.cfg
         common = {"dtype": self.dtype, "seed": self.seed, "device": self.device,
-                  "compile": bool(cfg.get("compile", False))}  # fmt: skip
-        ac = bool(cfg.get("enable_activation_checkpointing", False))
+                  "compile": bool(cfg["compile"])}  # fmt: skip
+        ac = bool(cfg["enable_activation_checkpointing"])
         self.model, self.is_lora, self.model_dir = build_model(
             cfg["model"], cfg.get("checkpoint_dir"), trainable=True, activation_checkpointing=ac, **common
         )
@@ -361,11 +361,11 @@ class PPORecipe:
                 cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps * per_step
             )
         self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.PPOLoss"})
-        kl_coeff, target = float(cfg.get("kl_coeff", 0.05)), cfg.get("kl_target")
+        kl_coeff, target = float(cfg["kl_coeff"]), cfg.get("kl_target")
         self.kl_ctl = (
             FixedKLController(kl_coeff)
             if target is None
-            else AdaptiveKLController(kl_coeff, float(target), int(cfg.get("kl_horizon", 10000)))
+            else AdaptiveKLController(kl_coeff, float(target), int(cfg["kl_horizon"]))
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
         state = load_resume_state(
@@ -466,10 +466,10 @@ class PPORecipe:
             )  # [R,L]: value before each response token
             entropy = token_entropy(self.model, tokens, mask, temperature=self.temperature)
             rewards, kl = kl_penalised_rewards(ro["scores"], old, ref, mask, self.kl_ctl.value)
-            if self.cfg.get("whiten_rewards", False):
+            if self.cfg["whiten_rewards"]:
                 rewards = whiten(rewards, mask, shift_mean=False)
             adv, returns = gae(rewards, old_values, mask, gamma=self.gamma, lam=self.lam)
-            if self.cfg.get("whiten_advantages", True):
+            if self.cfg["whiten_advantages"]:
                 adv = whiten(adv, mask)
         self.model.train()
         self.value_model.train()
@@ -511,7 +511,7 @@ class PPORecipe:
         return out
 
     def _log_samples(self, ro: dict) -> None:
-        k = int(self.cfg.get("num_samples_to_log", 4))
+        k = int(self.cfg["num_samples_to_log"])
         if k <= 0:
             return
         rows = [{"step": self.global_step, "prompt": ro["prompt_texts"][i], "completion": ro["texts"][i],

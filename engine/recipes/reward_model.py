@@ -138,18 +138,18 @@ class RewardModelRecipe:
         self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
         self.dist_info = dist_info
         self.rank, self.world_size = rank_world()
-        self.device = pick_device(cfg.get("device"))
+        self.device = pick_device(cfg["device"])
         if dist_info is not None and self.device.type == "cuda":
             self.device = dist_info.device
-        self.dtype = parse_dtype(cfg.get("dtype", "fp32"))
+        self.dtype = parse_dtype(cfg["dtype"])
         self.output_dir = Path(cfg.get("output_dir") or "./runs/reward_model")
-        self.seed = int(cfg.get("seed", 0))
-        self.batch_size = int(cfg.get("batch_size", 1))
-        self.accum = int(cfg.get("gradient_accumulation_steps", 1))
-        self.epochs = int(cfg.get("epochs", 1))
-        self.keep_last = int(cfg.get("keep_last_n_checkpoints", 2))
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.save_every = cfg.get("save_every_n_steps")
+        self.seed = int(cfg["seed"])
+        self.batch_size = int(cfg["batch_size"])
+        self.accum = int(cfg["gradient_accumulation_steps"])
+        self.epochs = int(cfg["epochs"])
+        self.keep_last = int(cfg["keep_last_n_checkpoints"])
+        self.clip_grad_norm = cfg["clip_grad_norm"]
+        self.save_every = cfg["save_every_n_steps"]
         self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
         self.stop = StopFlag()
@@ -166,10 +166,10 @@ class RewardModelRecipe:
         self.logger = MetricLogger.from_env(rank=self.rank)
         cfg = self.cfg
         self.model, self.is_lora, self.model_dir = build_model(
-            cfg["model"], cfg.get("checkpoint_dir"), trainable=True, dtype=self.dtype, seed=self.seed,
-            device=self.device, dist_info=self.dist_info, compile=bool(cfg.get("compile", False)),
-            fsdp_cfg=cfg.get("fsdp"),
-            activation_checkpointing=bool(cfg.get("enable_activation_checkpointing", False)),
+            cfg["model"], cfg["checkpoint_dir"], trainable=True, dtype=self.dtype, seed=self.seed,
+            device=self.device, dist_info=self.dist_info, compile=bool(cfg["compile"]),
+            fsdp_cfg=cfg["fsdp"],
+            activation_checkpointing=bool(cfg["enable_activation_checkpointing"]),
         )  # fmt: skip
         if not isinstance(self.model, ScoreDecoder):
             raise ConfigError(
@@ -212,7 +212,7 @@ class RewardModelRecipe:
 
     def _setup_data(self) -> None:
         from engine.data import build_dataset
-        from engine.training.holdout import holdout_split
+        from engine.training.holdout import validation_split
 
         dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
@@ -223,16 +223,11 @@ class RewardModelRecipe:
                 "hh_rlhf_dataset, stack_exchange_paired_dataset or demo_preference_dataset",
                 field="dataset",
             )
-        val_cfg = self.cfg.get("validation") or None
+        val = self.cfg["validation"]  # None, or the block with its defaults filled in by the schema
         self.val_loader, self.val_every, self.val_max_batches = None, None, None
-        if val_cfg:
-            self.val_every = int(val_cfg.get("every_n_steps", 50))
-            self.val_max_batches = val_cfg.get("max_batches")
-            if val_cfg.get("dataset") is not None:
-                val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
-                check_sequence_length(self.model, val_set, field="validation.dataset")
-            else:
-                dataset, val_set = holdout_split(dataset, float(val_cfg.get("fraction", 0.1)), self.seed)
+        if val:
+            self.val_every, self.val_max_batches = val["every_n_steps"], val["max_batches"]
+            dataset, val_set = validation_split(val, dataset, self.tokenizer, self.model, self.seed)
             # every rank scores its own slice of the held-out pairs; sums are all-reduced
             mine = list(range(self.rank, len(val_set), self.world_size))
             self.val_loader = DataLoader(
@@ -240,7 +235,7 @@ class RewardModelRecipe:
             )
         self.sampler = EpochBatchSampler(
             len(dataset), batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
-            seed=self.seed, shuffle=bool(self.cfg.get("shuffle", True)),
+            seed=self.seed, shuffle=bool(self.cfg["shuffle"]),
         )  # fmt: skip
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=self._collate())
         per_epoch = len(self.sampler) // self.accum

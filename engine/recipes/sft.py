@@ -45,7 +45,7 @@ from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_
 from engine.recipes._fields import shared, shared_fields
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
 from engine.training.distributed import all_reduce_sum, rank_world
-from engine.training.holdout import holdout_split
+from engine.training.holdout import validation_split
 from engine.training.model_setup import (
     build_model,
     build_tokenizer,
@@ -90,7 +90,7 @@ def _qlora_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     preset = str(node.get("_component_", "")).rsplit(".", 1)[-1].startswith("qlora_")
     nf4 = node.get("quantize_base", preset) is True
-    if nproc > 1 and nf4 and cfg.get("tensor_parallel_dim", 1) != nproc:
+    if nproc > 1 and nf4 and cfg["tensor_parallel_dim"] != nproc:
         return [
             ConfigProblem(
                 "model.quantize_base",
@@ -309,17 +309,12 @@ class SFTRecipe:
         dataset = build_dataset(cfg["dataset"], self.tokenizer)
         check_sequence_length(self.model, dataset)
         self.source_names = list(getattr(dataset, "source_names", None) or [])
-        val_cfg = cfg["validation"] or None
+        val = cfg["validation"]  # None, or the block with its defaults filled in by the schema
         self.val_loader = None
         self.val_every = None
-        if val_cfg:
-            self.val_every = int(val_cfg.get("every_n_steps", 50))
-            self.val_max_batches = val_cfg.get("max_batches")
-            if val_cfg.get("dataset") is not None:
-                val_set = build_dataset(val_cfg["dataset"], self.tokenizer)
-                check_sequence_length(self.model, val_set, field="validation.dataset")
-            else:
-                dataset, val_set = holdout_split(dataset, float(val_cfg.get("fraction", 0.05)), self.seed)
+        if val:
+            self.val_every, self.val_max_batches = val["every_n_steps"], val["max_batches"]
+            dataset, val_set = validation_split(val, dataset, self.tokenizer, self.model, self.seed)
             self.val_loader = self._loader(val_set, shuffle=False)
         self.train_set = dataset
         self.loader = self._loader(dataset, shuffle=bool(cfg["shuffle"]))

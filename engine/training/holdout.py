@@ -1,6 +1,10 @@
-"""A seeded held-out split of a dataset (validation for recipes that take `validation.fraction`)."""
+"""The held-out split of recipes with a `validation` block: a seeded share of the training data
+(`validation.fraction`) or a dataset of its own (`validation.dataset`)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -31,3 +35,23 @@ def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset
     if names:
         train.source_names = held_out.source_names = names
     return train, held_out
+
+
+def validation_split(
+    block: Mapping[str, Any], dataset: Dataset, tokenizer: Any, model: Any, seed: int
+) -> tuple[Dataset, Dataset]:
+    """`(train, held_out)` for a recipe's `validation` block (its defaults filled in by the schema):
+    `validation.dataset` built with `tokenizer` and checked against the model's sequence length when
+    given (the training data then stay whole), else `holdout_split(dataset, validation.fraction, seed)`.
+
+    Raises:
+        ConfigError: naming `validation.dataset` or `validation.fraction`.
+    """
+    if block["dataset"] is None:
+        return holdout_split(dataset, float(block["fraction"]), seed)
+    from engine.data import build_dataset
+    from engine.training.model_setup import check_sequence_length
+
+    held_out = build_dataset(block["dataset"], tokenizer)
+    check_sequence_length(model, held_out, field="validation.dataset")
+    return dataset, held_out

@@ -6,6 +6,7 @@ LoRA run (`reference_context`), the tokenizer (`build_tokenizer`) and the checks
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def build_model(
     mesh=None,
     activation_checkpointing: bool | int = False,
     compile: bool = False,
-    fsdp_cfg: dict | None = None,
+    fsdp_cfg: Mapping[str, bool] | None = None,
     expert_mesh=None,
     replicate_quantized: bool = False,
     field: str = "model",
@@ -158,16 +159,14 @@ def build_model(
         )
     if world > 1 and mesh is None:
         mesh = build_world_mesh(dist_info)
-    fsdp_cfg = dict(fsdp_cfg or {})
     model = parallelize(
         model,
         mesh=mesh if world > 1 else None,
         activation_checkpointing=activation_checkpointing if trainable else False,
         compile=compile,
         fsdp=world > 1 and not replicated,
-        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-        cpu_offload=bool(fsdp_cfg.get("cpu_offload", False)),
         expert_mesh=expert_mesh,
+        **dict(fsdp_cfg or {}),  # the schema's `fsdp` block: reshard_after_forward, cpu_offload
     )
     if world > 1 and not replicated:
         full = _initialised(node, model_dir, dtype=dtype, seed=seed).state_dict() if rank == 0 else {}
