@@ -137,6 +137,42 @@ def control(name: str) -> Control:
     return next(c for c in CONTROLS if c.name == name)
 
 
+def _as_yaml(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def field_help(recipe: str | None, key: str) -> str:
+    """The Recipe screen's line for a config key, from the recipe's schema: `key: doc · what it
+    accepts (type, bounds) · default`. A component's argument (`optimizer.lr`) names its component;
+    "" for a key the schema does not declare (or a custom recipe without a schema)."""
+    schema = recipe_schema(recipe)
+    if schema is None:
+        return ""
+    f = schema.field_at(key)
+    if f is None:
+        parts = key.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            parent = schema.field_at(".".join(parts[:cut]))
+            if parent is not None:
+                owner = ".".join(parts[:cut])
+                return f"{key}: an argument of {owner} · {owner}: {parent.doc}"
+        return ""
+    default = "required" if f.required else f"default {_as_yaml(f.default)}"
+    return f"{key}: {f.doc} · {f.wanted()} · {default}"
+
+
+def control_help(recipe: str | None, name: str) -> str:
+    """The line for a memory/parallel control: what it does, then the schema's line for the config
+    key it sets (the field that names the control)."""
+    c = control(name)
+    schema = recipe_schema(recipe)
+    key = next(
+        (k for k, f in (schema.fields.items() if schema is not None else ()) if name in f.controls), None
+    )
+    line = field_help(recipe, key) if key is not None else ""
+    return f"{c.label}: {c.effect}" + (f" · sets {line}" if line else "")
+
+
 def absent_controls(cfg: dict, recipe: str | None) -> dict[str, str]:
     """Controls not offered for this config and recipe -> why (a custom recipe gets them all)."""
     out = unread_controls(recipe)

@@ -304,3 +304,51 @@ async def test_a_conflict_is_listed_once_and_fixed_by_the_control(recipe_env):
         await wait_for(
             pilot, lambda: any(str(n.message) == "config is valid" for n in app._notifications), 60
         )
+
+
+async def test_the_focused_or_hovered_setting_shows_its_schema_doc(recipe_env):
+    """Focusing a knob or a control, or hovering one, shows the config key's one-line doc, what it
+    accepts and its default from the recipe's schema (the sft schema here)."""
+    from workbench.screens.recipe import RecipeScreen
+
+    app = make_app(interval=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("recipe", config="full.yaml"))
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen)
+        await wait_for(pilot, lambda: screen.base.get("batch_size") == 4, what="config loaded")
+        doc = screen.query_one("#field-doc")
+        assert not doc.display  # nothing focused or hovered yet
+
+        def shown() -> str:
+            return str(doc.render()) if doc.display else ""
+
+        batch = next(w for w, k in screen.knob_keys.items() if k == "batch_size")
+        screen.query_one(f"#{batch}").focus()
+        await wait_for(
+            pilot,
+            lambda: (
+                shown() == "batch_size: samples per micro-batch on each rank · an integer >= 1 · default 1"
+            ),
+            what="batch_size doc on focus",
+        )
+
+        dtype = next(w for w, k in screen.knob_keys.items() if k == "dtype")
+        await pilot.hover(f"#{dtype}")
+        await wait_for(
+            pilot,
+            lambda: shown().startswith("dtype: fp32 or bf16 for weights") and 'default "fp32"' in shown(),
+            what="dtype doc on hover",
+        )
+
+        _widget(screen, "activation_checkpointing").focus()
+        await wait_for(
+            pilot,
+            lambda: (
+                "sets enable_activation_checkpointing: recompute block activations" in shown()
+                and shown().endswith("true or false · default false")
+            ),
+            what="the control's key doc",
+        )
+        await pilot.hover("#recipe-info")  # not a setting: the last line stays
+        await pilot.pause(0.2)
+        assert "enable_activation_checkpointing" in shown()

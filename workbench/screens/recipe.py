@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -32,8 +32,10 @@ from workbench.recipe_options import (
     absent_controls,
     as_read_by,
     control,
+    control_help,
     control_overrides,
     control_value,
+    field_help,
     get_path,
     knob_key,
     max_nproc,
@@ -117,6 +119,11 @@ class RecipeScreen(Screen):
         max-height: 8;
         color: $error;
     }
+    RecipeScreen #field-doc {
+        height: auto;
+        padding: 0 1;
+        color: $text-muted;
+    }
     RecipeScreen #recipe-info {
         padding: 0 1;
         text-style: bold;
@@ -170,6 +177,9 @@ class RecipeScreen(Screen):
                 yield Static("", id="problems")
             with Vertical(id="side"):
                 yield MemoryPanel("estimating...")
+                doc = Static("", id="field-doc")  # the focused or hovered setting's schema line
+                doc.display = False
+                yield doc
                 yield YamlView()
         yield Footer()
 
@@ -372,6 +382,36 @@ class RecipeScreen(Screen):
         self.query_one("#absent", Static).update(
             "\n".join([heading, *(f" - {x}" for x in lines)]) if lines else ""
         )
+
+    # The focused or hovered setting's doc ----------------------------------------------------
+    def _setting_help(self, node: Any) -> str | None:
+        """The schema line of the knob or control `node` is (or is part of), else None."""
+        while node is not None and node is not self:
+            ids = [getattr(node, "id", None)]
+            if "knob" in getattr(node, "classes", ()):  # a label's row: its input's id
+                ids += [getattr(child, "id", None) for child in node.children]
+            for wid in ids:
+                if wid in self.knob_keys:
+                    return field_help(self.recipe, self.knob_keys[wid])
+                if wid in self.control_ids:
+                    return control_help(self.recipe, self.control_ids[wid])
+                if wid == "nproc":
+                    return control_help(self.recipe, "nproc")
+            node = node.parent
+        return None
+
+    def _show_setting_help(self, node: Any) -> None:
+        text = self._setting_help(node)
+        if text is not None:  # elsewhere: the last setting's line stays
+            doc = self.query_one("#field-doc", Static)
+            doc.update(text)
+            doc.display = bool(text)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        self._show_setting_help(event.widget)
+
+    def on_enter(self, event: events.Enter) -> None:
+        self._show_setting_help(event.node)
 
     # Editing --------------------------------------------------------------------------------
     def _kind(self, wid: str) -> str:
