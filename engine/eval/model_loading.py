@@ -66,6 +66,19 @@ def adapter_base_dir(folder: str | os.PathLike) -> Path:
     return base_dir
 
 
+def _has_expert_adapters(folder: Path) -> bool:
+    """Whether the PEFT folder holds per-expert adapters (`...experts.<e>.<proj>.lora_A.weight`), as
+    `engine.checkpoint.peft.save_adapters` writes for a MoE model with `apply_lora_to_experts`."""
+    import re
+
+    from engine.checkpoint.hf_safetensors import read_header
+    from engine.checkpoint.peft import ADAPTER_WEIGHTS
+
+    if not (folder / ADAPTER_WEIGHTS).is_file():
+        return False  # load_adapters names the missing file
+    return any(re.search(r"\.experts\.\d+\.", key) for key in read_header(folder / ADAPTER_WEIGHTS))
+
+
 def _adapter_config(folder: Path) -> dict:
     try:
         return json.loads((folder / ADAPTER_CONFIG).read_text())
@@ -98,6 +111,9 @@ def load_eval_model(
 
         cfg = _adapter_config(folder)
         targets = [str(t) for t in cfg.get("target_modules") or []]
+        experts = _has_expert_adapters(folder)
+        if experts:  # Mixtral's experts are w1/w3/w2 (Qwen3-MoE's are gate/up/down_proj, as dense MLPs)
+            targets = [t for t in targets if t not in ("w1", "w2", "w3")]
         unknown = [t for t in targets if t not in _PEFT_TARGETS]
         if unknown:
             raise EvalError(
@@ -109,6 +125,8 @@ def load_eval_model(
             lora_attn_modules=tuple(m for m in native if m in ("q_proj", "k_proj", "v_proj", "output_proj")),
             apply_lora_to_mlp=any(m in ("gate_proj", "up_proj", "down_proj") for m in native),
             apply_lora_to_output="output" in native,
+            apply_lora_to_experts=experts,
+            train_router="gate" in (cfg.get("modules_to_save") or []),
             lora_rank=int(cfg.get("r", 8)),
             lora_alpha=float(cfg.get("lora_alpha", 16.0)),
             lora_dropout=0.0,

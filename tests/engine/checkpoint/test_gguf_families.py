@@ -288,3 +288,34 @@ def test_what_gguf_cannot_hold_is_refused(tmp_path):
     with pytest.raises(GGUFError, match="RoPE scaling 'llama3' cannot be exported"):
         export_gguf(scaled, tmp_path / "s.gguf", "f16")
     assert list(tmp_path.glob("*.gguf*")) == [] and list(tmp_path.glob(".*.gguf*")) == []
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_moe_lora_checkpoint_exports_merged(tmp_path, family):
+    """A MoE LoRA run's checkpoint (PEFT folder: attention adapters, one adapter per expert, the
+    router trained as `modules_to_save`) exports with everything folded in: the GGUF's logits equal
+    the LoRA model's, not the base's."""
+    from engine.checkpoint.peft import save_adapters
+    from engine.models._decoder_builder import LoRASettings
+
+    model, tok, src = _source(family, tmp_path)
+    lora = LoRASettings(
+        lora_attn_modules=("q_proj", "v_proj"),
+        apply_lora_to_experts=True,
+        train_router=True,
+        lora_rank=4,
+        lora_alpha=8.0,
+    )
+    tuned = from_pretrained(src, lora=lora)
+    torch.manual_seed(3)
+    with torch.no_grad():  # fresh adapters are zero (B = 0): give them and the router a change
+        for name, p in tuned.named_parameters():
+            if "lora_b" in name.lower() or "router" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    save_adapters(tuned, tmp_path / "adapters", base_model_dir=src)
+    out = export_gguf(tmp_path / "adapters", tmp_path / "m.gguf", "f16")
+    back = from_pretrained(convert_gguf_to_hf(out, tmp_path / "back", dtype=torch.float32))
+    ids = tok.encode(TEXT).ids[:32]
+    ref = _logits(tuned, ids)
+    assert (ref - _logits(model, ids)).abs().max() > 0.5  # the adapters and router change the model
+    torch.testing.assert_close(_logits(back, ids), ref, atol=REL_TOL["f16"] * ref.abs().max().item(), rtol=0)
