@@ -59,47 +59,135 @@ class MoESettings:
 
 # ---- grouped GEMM ---------------------------------------------------------------------------------
 def _grouped_mm_op():
-    """The grouped GEMM torch offers (public name first), or None."""
+    """The grouped GEMM torch offers (public name first, then the private one), or None."""
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def _loop_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    # x: [N,in] sorted by group, w: [G,out,in] -> [N,out]
-    parts = torch.split(x, counts)
-    return torch.cat([part @ w[g].transpose(0, 1) for g, part in enumerate(parts)])
+def _offsets(counts_list: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(counts_list, device=device).cumsum(0).to(torch.int32)
+
+
+def _loop_forward(x: torch.Tensor, w: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+    # x: [N,in] sorted by group, w: [G,out,in] -> [N,out]: out[g rows] = x[g rows] @ w[g].T
+    out = x.new_empty(x.shape[0], w.shape[1])
+    start = 0
+    for g, n in enumerate(counts_list):
+        if n:
+            torch.mm(x[start : start + n], w[g].t(), out=out[start : start + n])
+        start += n
+    return out
+
+
+def _loop_input_grad(dy: torch.Tensor, w: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+    # dy: [N,out], w: [G,out,in] -> dx [N,in]: dx[g rows] = dy[g rows] @ w[g]
+    dx = dy.new_empty(dy.shape[0], w.shape[2])
+    start = 0
+    for g, n in enumerate(counts_list):
+        if n:
+            torch.mm(dy[start : start + n], w[g], out=dx[start : start + n])
+        start += n
+    return dx
+
+
+def _loop_weight_grad(dy: torch.Tensor, x: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+    # dy: [N,out], x: [N,in] -> dw [G,out,in]: dw[g] = dy[g rows].T @ x[g rows] (zero for no rows)
+    dw = dy.new_empty(len(counts_list), dy.shape[1], x.shape[1])
+    start = 0
+    for g, n in enumerate(counts_list):
+        if n:
+            torch.mm(dy[start : start + n].t(), x[start : start + n], out=dw[g])
+        else:
+            dw[g].zero_()
+        start += n
+    return dw
+
+
+def _op_forward(x, w, offs):
+    return _grouped_mm_op()(x, w.transpose(-2, -1), offs=offs)
+
+
+def _op_input_grad(dy, w, offs):
+    return _grouped_mm_op()(dy, w, offs=offs)
+
+
+def _op_weight_grad(dy, x, offs):
+    return _grouped_mm_op()(dy.t(), x, offs=offs)  # groups split the shared (row) dimension
 
 
 @functools.cache
 def grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether the grouped GEMM runs forward and backward on `device_type`/`dtype` and equals the
-    loop (probed once, lazily; CUDA only: elsewhere the loop is the exact reference)."""
-    op = _grouped_mm_op()
-    if op is None or device_type != "cuda":
+    """Whether torch's grouped GEMM computes the three products `grouped_mm` needs (the forward
+    `x_g @ w_g.T`, the input gradient `dy_g @ w_g`, the weight gradient `dy_g.T @ x_g`, an empty
+    group included) on `device_type`/`dtype` and equals the loop. Probed once, lazily: the op is
+    private on older torch (`torch._grouped_mm`) and its CPU kernel is recent; without it, the loop."""
+    if _grouped_mm_op() is None:
         return False
     try:
         g = torch.Generator(device=device_type).manual_seed(0)
-        x = torch.randn(48, 32, device=device_type, dtype=dtype, generator=g).requires_grad_()
-        w = torch.randn(3, 16, 32, device=device_type, dtype=dtype, generator=g).requires_grad_()
+        x = torch.randn(48, 32, device=device_type, dtype=dtype, generator=g)
+        w = torch.randn(3, 16, 32, device=device_type, dtype=dtype, generator=g)
+        dy = torch.randn(48, 16, device=device_type, dtype=dtype, generator=g)
         counts = [16, 0, 32]
-        offs = torch.tensor(counts, device=device_type).cumsum(0).to(torch.int32)
-        got = op(x, w.transpose(-2, -1), offs=offs)
-        got.sum().backward()
-        want = _loop_mm(x.detach().float(), w.detach().float(), counts)
-        return bool(torch.allclose(got.float(), want, atol=0.1, rtol=0.05)) and x.grad is not None
-    except (RuntimeError, TypeError, NotImplementedError):
+        offs = _offsets(counts, x.device)
+        with torch.no_grad():
+            pairs = [
+                (_op_forward(x, w, offs), _loop_forward(x, w, counts)),
+                (_op_input_grad(dy, w, offs), _loop_input_grad(dy, w, counts)),
+                (_op_weight_grad(dy, x, offs), _loop_weight_grad(dy, x, counts)),
+            ]
+        return all(
+            got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), atol=0.1, rtol=0.05))
+            for got, want in pairs
+        )
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
         return False
 
 
-def grouped_mm(
-    x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, counts_list: list[int]
-) -> torch.Tensor:
-    """`cat_g(x_g @ w[g].T)` for `x` `[N,in]` sorted into groups of `counts` rows, `w` `[G,out,in]`."""
-    out_dim, in_dim = w.shape[-2:]
-    aligned = out_dim % 8 == 0 and in_dim % 8 == 0
-    if aligned and x.shape[0] > 0 and grouped_mm_works(x.device.type, x.dtype) and w.dtype == x.dtype:
-        offs = counts.cumsum(0).to(torch.int32)
-        return _grouped_mm_op()(x, w.transpose(-2, -1), offs=offs)
-    return _loop_mm(x, w, counts_list)
+def _use_op(x: torch.Tensor, w: torch.Tensor) -> bool:
+    if x.dtype != w.dtype or x.shape[0] == 0:
+        return False
+    if x.device.type != "cpu" and (w.shape[-1] % 8 or w.shape[-2] % 8):
+        return False  # the CUDA kernel wants 16-byte aligned rows
+    return grouped_mm_works(x.device.type, x.dtype)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """`y = cat_g(x_g @ w[g].T)` with its own backward: `dx_g = dy_g @ w[g]`, `dw[g] = dy_g.T @ x_g`
+    (zero for an expert with no rows). All three are grouped GEMMs over the same offsets, run by
+    torch's op when it works here (`grouped_mm_works`) or by a loop writing into one output tensor:
+    no per-expert slices of `w` in the autograd graph (each would cost a zero-filled `[G,out,in]`
+    gradient in backward) and no concatenation."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+        use_op = _use_op(x, w)
+        offs = _offsets(counts_list, x.device) if use_op else None
+        ctx.save_for_backward(x, w)
+        ctx.counts_list, ctx.offs = counts_list, offs
+        return _op_forward(x, w, offs) if use_op else _loop_forward(x, w, counts_list)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dy = dy.contiguous()  # an expanded gradient (stride 0) is refused by the kernels
+        offs, counts_list = ctx.offs, ctx.counts_list
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _op_input_grad(dy, w, offs) if offs is not None else _loop_input_grad(dy, w, counts_list)
+        if ctx.needs_input_grad[1]:
+            dw = _op_weight_grad(dy, x, offs) if offs is not None else _loop_weight_grad(dy, x, counts_list)
+        return dx, dw, None
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+    """`cat_g(x_g @ w[g].T)` for `x` `[N,in]` sorted into groups of `counts_list` rows, `w` `[G,out,in]`."""
+    return _GroupedMM.apply(x, w, counts_list)
+
+
+def loop_mm(x: torch.Tensor, w: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+    """The reference `grouped_mm`: one autograd-tracked matmul per group (tests compare against it)."""
+    parts = torch.split(x, counts_list)
+    return torch.cat([part @ w[g].transpose(0, 1) for g, part in enumerate(parts)])
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -113,6 +201,44 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
+
+
+# ---- routing permutations -------------------------------------------------------------------------
+class _Permute(torch.autograd.Function):
+    """`x[index]` for a permutation `index` whose inverse is `inverse`: the gradient is gathered back
+    with the inverse (no scatter-add, no zero-filled buffer)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Rows `x[index]` (`index` a permutation of `x`'s rows, `inverse` its inverse), differentiable."""
+    return _Permute.apply(x, index, inverse)
+
+
+class _Dispatch(torch.autograd.Function):
+    """Token rows copied to their `k` sorted (token, expert) rows: `flat[order // k]`. Backward: the
+    rows' gradients back in pair order (`inverse` of `order`), summed over each token's k slots."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return flat.index_select(0, torch.div(order, k, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        tokens = inverse.numel() // ctx.k
+        return grad.index_select(0, inverse).view(tokens, ctx.k, -1).sum(dim=1), None, None, None
 
 
 # ---- modules --------------------------------------------------------------------------------------
@@ -203,22 +329,20 @@ class GroupedExperts(nn.Module):
             w = w.to_local()
         return _ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w
 
-    def _project(
-        self, name: str, x: torch.Tensor, counts: torch.Tensor, counts_list: list[int]
-    ) -> torch.Tensor:
-        out = grouped_mm(x, self._weight(name), counts, counts_list)
+    def _project(self, name: str, x: torch.Tensor, counts_list: list[int]) -> torch.Tensor:
+        out = grouped_mm(x, self._weight(name), counts_list)
         if self.lora_rank and not self.disabled:
             a, b = self._weight(f"{name}_lora_a"), self._weight(f"{name}_lora_b")
-            low = grouped_mm(x, a.to(x.dtype), counts, counts_list)  # [N,r]
-            out = out + grouped_mm(low, b.to(x.dtype), counts, counts_list) * self.scale
+            low = grouped_mm(x, a.to(x.dtype), counts_list)  # [N,r]
+            out = out + grouped_mm(low, b.to(x.dtype), counts_list) * self.scale
         return out
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # x: [N,D] sorted by expert; counts: [E] rows per expert -> [N,D]
         counts_list = counts.tolist()
-        h = F.silu(self._project("gate_proj", x, counts, counts_list))
-        h = h * self._project("up_proj", x, counts, counts_list)  # [N,H]
-        return self._project("down_proj", h, counts, counts_list)
+        h = F.silu(self._project("gate_proj", x, counts_list))
+        h = h * self._project("up_proj", x, counts_list)  # [N,H]
+        return self._project("down_proj", h, counts_list)
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, dim={self.dim}, hidden_dim={self.hidden_dim}, lora_rank={self.lora_rank}"
@@ -274,18 +398,18 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [T,D]
-        _, weights, experts = self.route(flat)
-        flat_experts = experts.reshape(-1)  # [T*k]
-        order = torch.argsort(flat_experts, stable=True)  # (token, slot) pairs grouped by expert
-        token_of = order // self.top_k  # [T*k]
+        _, weights, experts = self.route(flat)  # [T,k] each
+        flat_experts = experts.reshape(-1)  # [T*k]: (token, slot) pairs
+        order = torch.argsort(flat_experts, stable=True)  # sorted row -> pair, grouped by expert
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
         counts = torch.bincount(flat_experts, minlength=self.num_experts)  # [E]
-        routed = flat[token_of]  # [T*k,D]
+        routed = _Dispatch.apply(flat, order, inverse, self.top_k)  # [T*k,D] rows flat[order // k]
         if self.dispatcher is None:
             out = self.experts(routed, counts)
         else:
             out = self.dispatcher(self.experts, routed, counts)
-        out = out * weights.reshape(-1)[order, None]
-        combined = torch.zeros_like(flat).index_add_(0, token_of, out)
+        pairs = permute_rows(out, inverse, order).view(*weights.shape, -1)  # [T,k,D] back in pair order
+        combined = (pairs * weights.unsqueeze(-1)).sum(dim=1)  # [T,D]
         return combined.reshape(shape)
 
 

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from engine.config import ConfigError, ConfigProblem
-from engine.modules.moe import GroupedExperts, moe_layers
+from engine.modules.moe import GroupedExperts, moe_layers, permute_rows
 
 CONFIG_KEY = "expert_parallel_dim"
 
@@ -166,8 +166,9 @@ class ExpertDispatcher:
             torch.arange(local, device=routed.device).repeat(ep), recv_by_source.reshape(-1)
         )
         order = torch.argsort(expert_of_row, stable=True)
-        out = experts(received[order], recv_by_source.sum(0))
-        restored = torch.empty_like(out).index_copy(0, order, out)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        out = experts(permute_rows(received, order, inverse), recv_by_source.sum(0))
+        restored = permute_rows(out, inverse, order)
         return all_to_all(restored, send, recv, self.group)
 
 
