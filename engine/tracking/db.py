@@ -19,7 +19,7 @@ from engine.tracking.paths import db_path, ensure_private_dir
 from engine.tracking.tracker_errors import SchemaError, TrackerError
 
 BUSY_TIMEOUT_MS = 60_000
-SCHEMA_VERSION = 3  # keep equal to engine.tracking.tables.SCHEMA_VERSION (checked by a test)
+SCHEMA_VERSION = 4  # keep equal to engine.tracking.tables.SCHEMA_VERSION (checked by a test)
 
 
 def _v1_to_v2(conn: sqlite3.Connection) -> None:
@@ -39,10 +39,19 @@ def _v2_to_v3(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {ddl}")
 
 
-# version N -> function migrating a database at version N to N+1, run inside one write transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "queue_pos" not in have:
+        conn.execute("ALTER TABLE runs ADD COLUMN queue_pos INTEGER")
+    from engine.tracking.tables import table_statement
 
-_TABLES = ("runs", "metrics", "events", "eval_results", "schema_version")
+    conn.execute(table_statement("queue_state").replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+
+
+# version N -> function migrating a database at version N to N+1, run inside one write transaction.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+
+_TABLES = ("runs", "metrics", "events", "eval_results", "queue_state", "schema_version")
 
 
 def connect(home: Path | None = None, *, create: bool = True) -> sqlite3.Connection:

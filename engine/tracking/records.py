@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-RUN_STATUSES = ("queued", "running", "completed", "failed", "stopped")
+RUN_STATUSES = ("queued", "running", "completed", "failed", "stopped", "cancelled")
 RUN_KINDS = ("new", "clone", "resume")
 ACTIVE_STATUSES = ("queued", "running")
 
@@ -44,6 +44,7 @@ class RunRecord:
     nnodes: int = 1
     rdzv_endpoint: str | None = None
     slurm_job_id: str | None = None
+    queue_pos: int | None = None  # its place in the run queue while it waits there (None: not waiting)
 
     @property
     def tag_list(self) -> list[str]:

@@ -114,6 +114,7 @@ def create_run(
             nnodes=int(nnodes),
             rdzv_endpoint=rdzv_endpoint,
             slurm_job_id=None,
+            queue_pos=None,
         )
         cols = ", ".join(RUN_COLUMNS)
         marks = ", ".join("?" for _ in RUN_COLUMNS)

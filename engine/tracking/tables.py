@@ -12,6 +12,8 @@ Schema history (`SCHEMA_VERSION`, `MIGRATIONS` in `engine.tracking.db`):
   the index alone.
 - 3: runs.nnodes, runs.rdzv_endpoint (multi-node torchrun launches), runs.slurm_job_id (a run submitted
   with `tunebench run --slurm`).
+- 4: runs.queue_pos (the place of a run waiting in the run queue; NULL when it is not waiting) and the
+  one-row table queue_state (queue paused or not; the pid of the scheduler process that drives it).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 from engine.tracking.records import RUN_KINDS, RUN_STATUSES  # noqa: E402  (re-exported)
 
-__all__ = ["RUN_KINDS", "RUN_STATUSES", "Run", "Metric", "Event", "EvalResult", "SchemaVersion"]
+__all__ = ["RUN_KINDS", "RUN_STATUSES", "Run", "Metric", "Event", "EvalResult", "QueueState", "SchemaVersion"]
 
 
 class Run(SQLModel, table=True):
@@ -64,6 +66,7 @@ class Run(SQLModel, table=True):
     )  # nodes of a multi-node run (nproc is per node); this host runs node rank 0
     rdzv_endpoint: str | None = None  # HOST:PORT of a multi-node rendezvous (None: one node, standalone)
     slurm_job_id: str | None = None  # the SLURM job of a run submitted with --slurm (squeue/sacct name it)
+    queue_pos: int | None = None  # 1, 2, ...: its place while it waits in the run queue (NULL: not waiting)
 
 
 class Metric(SQLModel, table=True):
@@ -119,12 +122,35 @@ class EvalResult(SQLModel, table=True):
     time: float
 
 
+class QueueState(SQLModel, table=True):
+    """The run queue's one row (id 1): paused or not, and the scheduler process driving it (pid and start
+    time, so a reused pid is not mistaken for it; NULL when no scheduler runs)."""
+
+    __tablename__ = "queue_state"
+
+    id: int = Field(default=1, primary_key=True)
+    paused: bool = Field(default=False, sa_column_kwargs={"server_default": "0"})
+    scheduler_pid: int | None = None
+    scheduler_started: float | None = None
+
+
 class SchemaVersion(SQLModel, table=True):
     """A single row: the schema version this database is at."""
 
     __tablename__ = "schema_version"
 
     version: int = Field(primary_key=True)
+
+
+TABLES = ("runs", "metrics", "events", "eval_results", "queue_state", "schema_version")
+
+
+def table_statement(name: str) -> str:
+    """The CREATE TABLE statement of one table of the current schema (migrations that add a table)."""
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.schema import CreateTable
+
+    return str(CreateTable(SQLModel.metadata.tables[name]).compile(dialect=sqlite.dialect())).strip()
 
 
 def create_statements() -> list[str]:
@@ -135,7 +161,7 @@ def create_statements() -> list[str]:
     dialect = sqlite.dialect()
     out: list[str] = []
     tables = SQLModel.metadata.sorted_tables
-    mine = [t for t in tables if t.name in {"runs", "metrics", "events", "eval_results", "schema_version"}]
+    mine = [t for t in tables if t.name in set(TABLES)]
     for table in mine:
         out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
     for table in mine:

@@ -121,7 +121,7 @@ def test_version_2_database_gets_the_launch_columns(tunebench_home):
             db.execute(f"ALTER TABLE runs DROP COLUMN {col}")  # as in version 2
         db.execute("UPDATE schema_version SET version = 2")
     with open_db() as db:
-        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == 3
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == dbmod.SCHEMA_VERSION
         assert db.execute("SELECT name, nnodes, rdzv_endpoint, slurm_job_id FROM runs").fetchall() == [
             ("kept2", 1, None, None)
         ]
