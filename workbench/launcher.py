@@ -81,8 +81,7 @@ def create_run(
     A multi-node run (`nnodes` > 1, this host node rank 0, `workbench.multinode_launch`) needs `rdzv_endpoint`
     and `output_dir`, a fresh folder every node mounts at the same path, which replaces `runs/<id>`.
     """
-    from engine.config import ConfigError, apply_overrides, dump_config, find_config, load_yaml, parse_yaml
-    from engine.config import validate as validate_config
+    from engine.config import dump_config
 
     if not re.match(r"^[A-Za-z_]\w*$", recipe):
         raise UserError(f"recipe {recipe!r}: give a recipe name such as sft, dpo, kd or grpo")
@@ -95,36 +94,14 @@ def create_run(
             raise UserError("--slurm: give --output-dir DIR, a folder every node of the cluster mounts")
     else:
         check_launch(nnodes=nnodes, node_rank=0, rdzv_endpoint=rdzv_endpoint, output_dir=output_dir)
-    if (config_path is None) == (config_text is None):
-        raise UserError("give exactly one of a config file or config text")
-    if config_path is not None:
-        source = str(find_config(config_path))
-        cfg = load_yaml(source)
-    else:
-        source = "config"
-        cfg = parse_yaml(config_text or "", source=source)
-    if not isinstance(cfg, dict):
-        raise ConfigError("the config is not a mapping of key: value", hint="write one", field=source)
-    if not cfg:
-        raise empty_config_error(source)
-    cfg = apply_overrides(cfg, list(overrides))
     run_id = new_run_id()
     while run_dir(run_id).exists():
         run_id = new_run_id()
     out = run_dir(run_id) if output_dir is None else shared_run_dir(output_dir)
-    # Set before validating: a config may refer to it (`${output_dir}/samples`).
-    cfg["output_dir"] = str(out)
-    if validate:
-        problems = validate_config(cfg, recipe=recipe if module is None else None)
-        if problems:
-            more = (
-                f" (and {len(problems) - 3} more; `tunebench validate` lists all)"
-                if len(problems) > 3
-                else ""
-            )
-            raise ConfigError("; ".join(str(p) for p in problems[:3]) + more, field=source)
-        if module is None:
-            _check_nproc(recipe, nproc * nnodes, cfg)
+    cfg = compose_config(
+        recipe, config_path=config_path, config_text=config_text, overrides=overrides, output_dir=out,
+        validate=validate, module=module, nproc=nproc * nnodes,
+    )  # fmt: skip
     text = dump_config(
         cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
     )
@@ -156,6 +133,53 @@ def create_run(
         else:  # a folder the user named: remove only what was written here
             (out / CONFIG_NAME).unlink(missing_ok=True)
         raise
+
+
+def compose_config(
+    recipe: str,
+    *,
+    config_path: str | os.PathLike | None = None,
+    config_text: str | None = None,
+    overrides: Iterable[str] = (),
+    output_dir: str | os.PathLike,
+    validate: bool = True,
+    module: str | None = None,
+    nproc: int = 1,
+) -> dict:
+    """The config a run of `recipe` would get (file or text, overrides applied, `output_dir` set), checked
+    as `create_run` checks it (with `validate`: every problem in one `ConfigError` line; `nproc`, all
+    ranks, against the recipe's limits); writes nothing. `workbench.sweep` checks every run of a sweep
+    with it before queueing any."""
+    from engine.config import ConfigError, apply_overrides, find_config, load_yaml, parse_yaml
+    from engine.config import validate as validate_config
+
+    if (config_path is None) == (config_text is None):
+        raise UserError("give exactly one of a config file or config text")
+    if config_path is not None:
+        source = str(find_config(config_path))
+        cfg = load_yaml(source)
+    else:
+        source = "config"
+        cfg = parse_yaml(config_text or "", source=source)
+    if not isinstance(cfg, dict):
+        raise ConfigError("the config is not a mapping of key: value", hint="write one", field=source)
+    if not cfg:
+        raise empty_config_error(source)
+    cfg = apply_overrides(cfg, list(overrides))
+    # Set before validating: a config may refer to it (`${output_dir}/samples`).
+    cfg["output_dir"] = str(output_dir)
+    if validate:
+        problems = validate_config(cfg, recipe=recipe if module is None else None)
+        if problems:
+            more = (
+                f" (and {len(problems) - 3} more; `tunebench validate` lists all)"
+                if len(problems) > 3
+                else ""
+            )
+            raise ConfigError("; ".join(str(p) for p in problems[:3]) + more, field=source)
+        if module is None:
+            _check_nproc(recipe, nproc, cfg)
+    return cfg
 
 
 def _check_nproc(recipe: str, nproc: int, cfg: dict) -> None:
@@ -205,9 +229,10 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
             raise UserError(
                 f"run {run.name} is already {run.status}: stop it first (tunebench stop {run.name})"
             )
+        # queue_pos=None: a run launched by hand (or by the scheduler) no longer waits in the run queue
         update_run(
             run.id, db=db, status="queued", stop_requested=False, exit_code=None, error=None, ended_at=None,
-            pid=None, pgid=None, supervisor_pid=None, supervisor_started=None,
+            pid=None, pgid=None, supervisor_pid=None, supervisor_started=None, queue_pos=None,
         )  # fmt: skip
     out = ensure_private_dir(Path(run.output_dir))
     env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()))
@@ -256,12 +281,20 @@ def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 60.0)
 
     The ranks are signalled directly, not through torchrun: torchrun's own shutdown kills workers
     that take more than 30 s, which a slow step plus a large checkpoint can. Raises `UserError` when
-    the run is not queued/running.
+    the run is not queued/running. A run waiting in the run queue is cancelled instead (it never ran).
     """
     with open_db() as db:
         run = get_run(run_id, db=db)
         if run.status not in ACTIVE_STATUSES:
             raise UserError(f"run {run.name} is {run.status}, not running: nothing to stop")
+        if run.status == "queued" and run.queue_pos is not None:
+            from engine.tracking.errors import TrackerError
+            from engine.tracking.queue import cancel
+
+            try:
+                return cancel(run.id, db=db)
+            except TrackerError:  # the scheduler took it this instant: stop it as a started run
+                run = get_run(run.id, db=db)
         update_run(run.id, db=db, stop_requested=True)
         add_event(run.id, run.step, "stop", "stop requested", db=db)
     if run.slurm_job_id is not None:  # the ranks run on the cluster: SLURM signals them

@@ -1,4 +1,5 @@
-"""`tunebench run RECIPE --config FILE [--nproc N] [key=value ...]`: register, launch, follow.
+"""`tunebench run RECIPE --config FILE [--nproc N] [key=value ...]`: register, launch, follow
+(`--queue`: register and put it in the run queue, `workbench.run_queue`).
 
 Several nodes: the same command on each with `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT
 --output-dir SHARED` (`workbench.multinode_launch`); `--slurm` writes an sbatch script and submits it
@@ -34,6 +35,11 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
     p.add_argument(
         "--detach", action="store_true", help="return once launched; follow with `show RUN --follow`"
+    )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="put the run in the run queue: it starts when no run uses this machine's device (tunebench queue)",
     )
     p.add_argument(
         "--module", help=argparse.SUPPRESS
@@ -77,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{slurm_only[0]}: only with --slurm")
     if args.slurm:
         return _run_slurm(args)
+    if args.queue and (args.nnodes > 1 or args.node_rank or args.rdzv_endpoint):
+        raise UserError(
+            "--queue: the run queue starts one-node runs; drop --nnodes/--node-rank/--rdzv-endpoint"
+        )
     if args.node_rank:  # another node of a multi-node run: no row here, torchrun in the foreground
         from workbench.multinode_launch import run_node
 
@@ -97,11 +107,26 @@ def run(args: argparse.Namespace) -> int:
         rdzv_endpoint=args.rdzv_endpoint,
         output_dir=args.output_dir,
     )
+    if args.queue:
+        return _queue(rec)
     rec = launcher.launch(rec.id)
     print(f"run {rec.name} ({rec.id}) launched; log: {rec.output_dir}/stdout.log", flush=True)
     if args.detach:
         return 0
     return follow(rec.id, stream=sys.stderr)
+
+
+def _queue(rec) -> int:
+    """Put a freshly registered run at the end of the run queue; prints its place."""
+    from workbench import run_queue
+
+    (rec,) = run_queue.queue_runs([rec.id])
+    print(
+        f"run {rec.name} ({rec.id}) queued at place {rec.queue_pos}; `tunebench queue` lists the queue, "
+        f"`tunebench show {rec.name} --follow` follows the run once it starts",
+        flush=True,
+    )
+    return 0
 
 
 def _run_slurm(args: argparse.Namespace) -> int:

@@ -11,7 +11,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list runs (status, step, last loss, tokens/s, peak memory)")
     p.add_argument("--json", action="store_true", help="one JSON array of run summaries")
     p.add_argument(
-        "--status", choices=["queued", "running", "completed", "failed", "stopped"], help="only this status"
+        "--status",
+        choices=["queued", "running", "completed", "failed", "stopped", "cancelled"],
+        help="only this status",
     )
     p.add_argument("--limit", type=int, help="newest N runs only")
     p.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""`tunebench stop RUN [--grace S]`: SIGTERM to the run's process group, SIGKILL after the grace period."""
+"""`tunebench stop RUN [--grace S]`: SIGTERM to the run's process group, SIGKILL after the grace period
+(a run waiting in the run queue is cancelled instead)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def run(args: argparse.Namespace) -> int:
         found = get_run(args.run, db=db)
     if found.status not in ACTIVE_STATUSES:
         raise UserError(f"run {found.name} is {found.status}, not running: nothing to stop")
+    if found.status == "queued" and found.queue_pos is not None:  # waiting in the run queue: never ran
+        rec = launcher.stop(args.run)
+        print(
+            f"run {rec.name} ({rec.id}): {rec.status}"
+            + (" (it was waiting in the queue)" if rec.status == "cancelled" else "")
+        )
+        return 0
     print(
         f"stopping {args.run}: it saves a checkpoint and exits (killed after {args.grace:g} s) ...",
         flush=True,
