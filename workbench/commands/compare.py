@@ -1,4 +1,5 @@
-"""`tunebench compare RUN RUN ... [--json]`: summary table side by side and the config keys that differ."""
+"""`tunebench compare RUN RUN ... [--json]`: summary table side by side and the config keys that differ;
+`--sweep NAME [--by KEY]` compares a sweep's runs, ranked first (`workbench.sweep.rank_sweep`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="compare runs: summary table and config diff")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more run ids or names")
+    p = sub.add_parser(
+        "compare", help="compare runs: summary table and config diff (--sweep: a ranked sweep)"
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN", help="two or more run ids or names")
     p.add_argument("--json", action="store_true", help="one JSON object: summaries and config diff")
+    p.add_argument("--sweep", metavar="NAME", help="the runs of a sweep (tunebench sweep), ranked best first")
+    p.add_argument(
+        "--by",
+        metavar="KEY",
+        help="rank a sweep by a metric's final value (lower is better; e.g. val_loss, loss) or by "
+        "eval:TASK/METRIC (higher is better); default val_loss when logged, else the first eval score, else loss",
+    )
     p.set_defaults(func=run)
 
 
@@ -21,8 +31,19 @@ def run(args: argparse.Namespace) -> int:
     from workbench.cli_progress import human_number
     from workbench.errors import UserError
 
-    if len(args.runs) < 2:
-        raise UserError("compare needs two or more runs: tunebench compare RUN RUN ...")
+    ranking = None
+    if args.sweep:
+        from workbench.sweep import rank_sweep
+
+        if args.runs:
+            raise UserError("give runs or --sweep NAME, not both")
+        with open_db(create=False) as db:
+            ranking = rank_sweep(args.sweep, by=args.by, db=db)
+        args.runs = [r.run.id for r in ranking[2]]
+    elif args.by:
+        raise UserError("--by ranks a sweep: give --sweep NAME too")
+    elif len(args.runs) < 2:
+        raise UserError("compare needs two or more runs: tunebench compare RUN RUN ... (or --sweep NAME)")
     with open_db(create=False) as db:
         summaries = [summarize(get_run(r, db=db), db=db) for r in args.runs]
         evals = [latest_scores(eval_results(s.run.id, db=db)) for s in summaries]
@@ -37,8 +58,16 @@ def run(args: argparse.Namespace) -> int:
                 for s, e in zip(summaries, evals)
             },
         }
+        if ranking is not None:
+            key, higher, rows = ranking
+            payload["ranking"] = {
+                "sweep": args.sweep, "by": key, "higher_is_better": higher,
+                "rows": [{"place": r.place, "id": r.run.id, "name": r.run.name, "score": r.score,
+                          "step": r.step, "overrides": r.run.notes} for r in rows],
+            }  # fmt: skip
         emit(json.dumps(json_safe(payload), indent=2))
         return 0
+    head = "" if ranking is None else _ranking_text(args.sweep, *ranking) + "\n\n"
     names = [s.run.name for s in summaries]
     f = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
     rows = [
@@ -57,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             value, step = e.get((task, metric), (None, None))
             cells.append("-" if value is None else f"{value:.4g} @ step {step}")
         rows.append([f"eval {task} {metric}", *cells])
-    text = table(["", *names], rows) + "\n\n"
+    text = head + table(["", *names], rows) + "\n\n"
     if diff:
         text += "config differences:\n" + table(
             ["KEY", *names], [[k, *[_show(v) for v in vals]] for k, vals in diff.items()]
@@ -66,6 +95,34 @@ def run(args: argparse.Namespace) -> int:
         text += "configs are identical (output_dir aside)"
     emit(text)
     return 0
+
+
+def _ranking_text(sweep: str, key: str, higher: bool, rows) -> str:
+    from workbench.cli_format import table
+
+    body = [
+        [
+            str(r.place or "-"),
+            r.run.name,
+            r.run.status,
+            "-" if r.score is None else f"{r.score:.4g}",
+            "-" if r.step is None else str(r.step),
+            r.run.notes,
+        ]  # fmt: skip
+        for r in rows
+    ]
+    what = f"{key} ({'higher' if higher else 'lower'} is better{'' if key.startswith('eval:') else ', final value'})"
+    return f"sweep {sweep}: {len(rows)} run(s) ranked by {what}\n" + table(
+        [
+            "RANK",
+            "RUN",
+            "STATUS",
+            key.upper() if not key.startswith("eval:") else "SCORE",
+            "STEP",
+            "OVERRIDES",
+        ],
+        body,
+    )
 
 
 def latest_scores(rows) -> dict[tuple[str, str], tuple[float, int]]:
