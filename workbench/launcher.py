@@ -148,7 +148,7 @@ def compose_config(
 ) -> dict:
     """The config a run of `recipe` would get (file or text, overrides applied, `output_dir` set), checked
     as `create_run` checks it (with `validate`: every problem in one `ConfigError` line; `nproc`, all
-    ranks, against the recipe's limits); writes nothing. `workbench.sweep` checks every run of a sweep
+    ranks, against the recipe's limits); writes nothing. `workbench.sweeps` checks every run of a sweep
     with it before queueing any."""
     from engine.config import ConfigError, apply_overrides, find_config, load_yaml, parse_yaml
     from engine.config import validate as validate_config
@@ -288,8 +288,8 @@ def stop(run_id: str, *, grace_s: float = DEFAULT_GRACE_S, wait_s: float = 60.0)
         if run.status not in ACTIVE_STATUSES:
             raise UserError(f"run {run.name} is {run.status}, not running: nothing to stop")
         if run.status == "queued" and run.queue_pos is not None:
-            from engine.tracking.errors import TrackerError
-            from engine.tracking.queue import cancel
+            from engine.tracking.queue_rows import cancel
+            from engine.tracking.tracker_errors import TrackerError
 
             try:
                 return cancel(run.id, db=db)

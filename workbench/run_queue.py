@@ -1,7 +1,7 @@
 """Queue actions the CLI and the workbench call: queue runs, cancel, reorder, pause and resume, and
 start the scheduler (`workbench.scheduler`) when there is something for it to start.
 
-The queue itself lives in the tracker (`engine.tracking.queue`); these functions open their own
+The queue itself lives in the tracker (`engine.tracking.queue_rows`); these functions open their own
 connections and raise `UserError` / `TrackerError` with one line.
 """
 
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.tracking import queue as tq
+from engine.tracking import queue_rows as tq
 from engine.tracking.db import open_db
 from engine.tracking.paths import ensure_private_dir, tunebench_home
 from engine.tracking.readers import get_run

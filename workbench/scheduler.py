@@ -5,7 +5,7 @@ resumed) with `--fork`: the first process forks, prints the child's pid and exit
 re-parented to init and lives in a session of its own, like a run's supervisor (quitting the workbench
 or the SSH session does not stop it). Then it:
 
-1. claims the queue (`engine.tracking.queue.claim_scheduler`: one live scheduler at a time, known by
+1. claims the queue (`engine.tracking.queue_rows.claim_scheduler`: one live scheduler at a time, known by
    pid + start time; a second one exits at once);
 2. every `TUNEBENCH_QUEUE_POLL_S` seconds (default 2): marks lost runs failed (`reconcile_lost`), and
    when no run uses this host's device (`busy_runs`: running or starting, SLURM runs aside) takes the
@@ -29,8 +29,8 @@ import sys
 import time
 
 from engine.tracking.db import open_db
-from engine.tracking.queue import busy_runs, claim_scheduler, release_scheduler, take_next
-from engine.tracking.runs import add_event
+from engine.tracking.queue_rows import busy_runs, claim_scheduler, release_scheduler, take_next
+from engine.tracking.run_rows import add_event
 
 POLL_ENV = "TUNEBENCH_QUEUE_POLL_S"
 LOG_NAME = "scheduler.log"

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from engine.tracking.db import write_tx
-from engine.tracking.tracker_errors import TrackerError
 from engine.tracking.readers import _RUN_SELECT, _run, get_run
 from engine.tracking.records import RunRecord
+from engine.tracking.tracker_errors import TrackerError
 
 _WAITING = "status = 'queued' AND queue_pos IS NOT NULL"
 

@@ -12,8 +12,9 @@ from engine.tracking import MetricLogger
 from engine.tracking.db import open_db
 from engine.tracking.paths import runs_root
 from engine.tracking.readers import list_runs
-from engine.tracking.runs import update_run
-from workbench import run_queue, sweep
+from engine.tracking.run_rows import update_run
+from workbench import run_queue
+from workbench import sweeps as sweep
 from workbench.cli import main
 from workbench.errors import UserError
 

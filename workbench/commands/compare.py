@@ -1,5 +1,5 @@
 """`tunebench compare RUN RUN ... [--json]`: summary table side by side and the config keys that differ;
-`--sweep NAME [--by KEY]` compares a sweep's runs, ranked first (`workbench.sweep.rank_sweep`)."""
+`--sweep NAME [--by KEY]` compares a sweep's runs, ranked first (`workbench.sweeps.rank_sweep`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     ranking = None
     if args.sweep:
-        from workbench.sweep import rank_sweep
+        from workbench.sweeps import rank_sweep
 
         if args.runs:
             raise UserError("give runs or --sweep NAME, not both")

@@ -1,5 +1,5 @@
 """`tunebench sweep RECIPE --config FILE KEY=V1,V2 [KEY2=A,B ...] [--zip] [--name NAME]`: a grid (or,
-with `--zip`, a list) of runs over config keys, all checked first, then queued (`workbench.sweep`)."""
+with `--zip`, a list) of runs over config keys, all checked first, then queued (`workbench.sweeps`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench import sweep
+    from workbench import sweeps as sweep
     from workbench.errors import UserError
 
     args = parse_mixed(args, _options, prog="tunebench sweep")

@@ -6,9 +6,9 @@ import pytest
 from engine.tracking import db as dbmod
 from engine.tracking import queue_rows as tq
 from engine.tracking.db import open_db
-from engine.tracking.tracker_errors import TrackerError
 from engine.tracking.readers import get_run
 from engine.tracking.run_rows import create_run, update_run
+from engine.tracking.tracker_errors import TrackerError
 
 
 def _runs(db, *names):

@@ -154,7 +154,7 @@ def create_sweep(
     from engine.tracking.db import open_db
     from engine.tracking.paths import run_dir
     from engine.tracking.readers import get_run
-    from engine.tracking.runs import delete_run
+    from engine.tracking.run_rows import delete_run
     from workbench import launcher, run_queue
 
     name = name or default_name()
