@@ -21,8 +21,6 @@ from engine.tracking.readers import get_run
 from engine.tracking.records import RunRecord
 from workbench.errors import UserError
 
-MOVES = ("up", "down", "top", "bottom")
-
 
 @dataclass(frozen=True)
 class QueueView:
@@ -91,22 +89,7 @@ def cancel(run_id: str) -> RunRecord:
 def move(run_id: str, where: str | int) -> int:
     """Move a waiting run: `up`, `down`, `top`, `bottom` or a place (1 = next); returns its new place."""
     with open_db() as db:
-        run = get_run(run_id, db=db)
-        waiting = tq.waiting_runs(db=db)
-        if run.queue_pos is None or run.status != "queued":
-            raise UserError(f"run {run.name} is not waiting in the queue (it is {run.status})")
-        here = [r.id for r in waiting].index(run.id) + 1
-        if isinstance(where, str) and where not in MOVES:
-            try:
-                where = int(where)
-            except ValueError:
-                raise UserError(
-                    f"move {where!r}: give a place (1 = next) or one of {', '.join(MOVES)}"
-                ) from None
-        target = {"up": here - 1, "down": here + 1, "top": 1, "bottom": len(waiting)}.get(where, where)  # type: ignore[arg-type]
-        if int(target) < 1:
-            raise UserError(f"move {where}: places start at 1 (the next run to start)")
-        return tq.move(run.id, int(target), db=db)
+        return tq.move(run_id, where, db=db)
 
 
 def pause() -> None:
@@ -120,3 +103,63 @@ def resume() -> int | None:
     with open_db() as db:
         tq.set_paused(False, db=db)
     return ensure_scheduler()
+
+
+# -- for the workbench (called in worker threads; plain data back) ---------------------------------------
+def screen_view() -> dict:
+    """The queue for the Runs screen: `{"paused", "scheduler_pid", "places": {run id: place}}`."""
+    from engine.tracking.paths import db_path
+
+    if not db_path().exists():
+        return {"paused": False, "scheduler_pid": None, "places": {}}
+    v = view()
+    return {
+        "paused": v.paused,
+        "scheduler_pid": v.scheduler_pid,
+        "places": {r.id: r.queue_pos for r in v.waiting},
+    }
+
+
+def queue_selected(run_ids: list[str]) -> str:
+    """Put runs in the queue, in the order given: a run that never started (registered, or cancelled from
+    the queue) waits as it is; an ended one is cloned (same config, this run as parent) and the clone
+    waits. Returns what was done, in one line."""
+    from workbench import launcher
+
+    ids = []
+    with open_db() as db:
+        runs = [get_run(rid, db=db) for rid in run_ids]
+    for run in runs:
+        never_started = run.started_at is None and (
+            run.status == "cancelled" or (run.status == "queued" and run.supervisor_pid is None)
+        )
+        ids.append(
+            run.id if never_started or run.status in ("queued", "running") else launcher.clone(run.id).id
+        )
+    rows = queue_runs(ids)  # a running or already waiting run is refused here, with its one line
+    return ", ".join(f"{r.name} #{r.queue_pos}" for r in rows) + " queued"
+
+
+def toggle_paused() -> bool:
+    """Pause a running queue or resume a paused one (starting the scheduler); returns paused or not."""
+    if view().paused:
+        resume()
+        return False
+    pause()
+    return True
+
+
+def queue_config(
+    *, recipe: str, config_text: str, nproc: int = 1, name: str | None = None, parent_id: str | None = None,
+    module: str | None = None, tags: Iterable[str] = (),
+) -> tuple[str, int]:  # fmt: skip
+    """Register a run from YAML text (validated as a launch is) and queue it instead of launching it;
+    returns its id and place."""
+    from workbench import launcher
+
+    run = launcher.create_run(
+        recipe, config_text=config_text, nproc=nproc, name=name, parent_id=parent_id,
+        kind="clone" if parent_id else "new", module=module, tags=tags,
+    )  # fmt: skip
+    (queued,) = queue_runs([run.id])
+    return queued.id, int(queued.queue_pos or 0)

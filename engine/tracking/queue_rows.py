@@ -111,16 +111,33 @@ def cancel(run_id: str, *, db: sqlite3.Connection) -> RunRecord:
         return get_run(run.id, db=db)
 
 
-def move(run_id: str, position: int, *, db: sqlite3.Connection) -> int:
-    """Move a waiting run to `position` (1 = next to start; clipped to the queue's length); the others
-    keep their order. Returns the place it got. Raises `TrackerError` when the run is not waiting."""
+MOVES = ("up", "down", "top", "bottom")
+
+
+def move(run_id: str, position: int | str, *, db: sqlite3.Connection) -> int:
+    """Move a waiting run to `position` (1 = next to start; clipped to the queue's length) or by one of
+    `up`, `down`, `top`, `bottom` (read and moved in one transaction, so two quick moves add up); the
+    others keep their order. Returns the place it got. Raises `TrackerError` when the run is not waiting
+    or `position` is none of these."""
     with write_tx(db):
         run = get_run(run_id, db=db)
         ids = _waiting_ids(db)
         if run.id not in ids:
             raise TrackerError(f"run {run.name} is not waiting in the queue (it is {run.status})")
+        here = ids.index(run.id) + 1
+        relative = {"up": here - 1, "down": here + 1, "top": 1, "bottom": len(ids)}
+        if isinstance(position, str) and position not in relative:
+            try:
+                position = int(position)
+            except ValueError:
+                raise TrackerError(
+                    f"move {position!r}: give a place (1 = next) or one of {', '.join(MOVES)}"
+                ) from None
+            if position < 1:
+                raise TrackerError(f"move {position}: places start at 1 (the next run to start)")
+        target = relative[position] if isinstance(position, str) else int(position)
         ids.remove(run.id)
-        place = min(max(1, int(position)), len(ids) + 1)
+        place = min(max(1, target), len(ids) + 1)
         ids.insert(place - 1, run.id)
         _renumber(db, ids)
         return place
