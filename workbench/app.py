@@ -67,7 +67,7 @@ class TunebenchApp(App):
 
     # Navigation -----------------------------------------------------------------------------
     def make_screen(self, name: str, **kwargs) -> Screen:
-        """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids=),
+        """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids= or sweep=),
         samples (run_id=, output_dir=)."""
         if name == "runs":
             from workbench.screens.runs_screen import RunsScreen

@@ -339,3 +339,15 @@ def ranking_rows(name: str, *, by: str | None = None) -> dict[str, Any]:
             for r in rows
         ],
     }
+
+
+def sweep_from_text(
+    recipe: str, spec: str, *, config_text: str, name: str | None = None, nproc: int = 1,
+    module: str | None = None, tags: Iterable[str] = (),
+) -> tuple[str, int]:  # fmt: skip
+    """The Recipe screen's sweep line (`parse_spec`) over its composed YAML: every run checked, then
+    registered and queued; returns the sweep's name and how many runs it queued."""
+    made = create_sweep(
+        recipe, parse_spec(spec), config_text=config_text, name=name, nproc=nproc, module=module, tags=tags
+    )
+    return str(sweep_of(made[0])), len(made)

@@ -16,6 +16,7 @@ class RunsLoaded(Message):
     """Fresh rows for the runs table (one dict per run, see `workbench.services.run_row`)."""
 
     rows: list[dict[str, Any]]
+    queue: dict[str, Any] | None = None  # `workbench.run_queue.screen_view()`: paused, scheduler, places
 
 
 @dataclass
@@ -89,6 +90,25 @@ class RunLaunched(Message):
 
 
 @dataclass
+class RunQueued(Message):
+    """A run was registered and put in the run queue at `place` (`run_id`), or `error` says why not."""
+
+    run_id: str | None
+    place: int = 0
+    error: str = ""
+
+
+@dataclass
+class SweepQueued(Message):
+    """A sweep's `count` runs were checked, registered and queued (`name`), or `error` (one line) says
+    why nothing was."""
+
+    name: str | None
+    count: int = 0
+    error: str = ""
+
+
+@dataclass
 class RunActionDone(Message):
     """stop / resume / delete / clone of one run finished; `ok` False means `text` is the error."""
 
@@ -121,6 +141,7 @@ class CompareLoaded(Message):
     runs: dict[str, dict[str, Any]]  # run id -> run row
     data: dict[str, Any]  # run id -> metric name -> (steps, values) arrays
     evals: dict[str, Any]  # run id -> eval rows
+    ranking: dict[str, Any] | None = None  # a sweep's `workbench.sweeps.ranking_rows` (None: not a sweep)
 
 
 @dataclass

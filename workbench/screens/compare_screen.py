@@ -1,7 +1,9 @@
 """Compare: two or more runs' curves overlaid by step, a summary table (final and best loss,
 median tokens/s, peak memory beside the memory estimate, wall time), their evaluation scores (latest
 value of each task/metric and its step, when `tunebench eval` recorded any) and their config
-differences grouped as model, data mix, recipe, memory options and hyperparameters.
+differences grouped as model, data mix, recipe, memory options and hyperparameters. Opened on a sweep
+(`sweep=`), its runs come ranked best first by final validation loss or an evaluation score
+(`workbench.sweeps.rank_sweep`), with the rank and the score as the summary's first columns.
 """
 
 from __future__ import annotations
@@ -98,9 +100,12 @@ class CompareScreen(Screen):
     }
     """
 
-    def __init__(self, run_ids: list[str]) -> None:
+    def __init__(self, run_ids: list[str] = (), *, sweep: str | None = None) -> None:
+        """`run_ids`: the runs to compare; `sweep`: a sweep's name instead (its runs, ranked)."""
         super().__init__()
         self.run_ids = list(run_ids)
+        self.sweep = sweep
+        self.ranking: dict[str, Any] | None = None
         self.runs: dict[str, dict[str, Any]] = {}
         # run id -> metric name -> (steps, values) of rank 0
         self.data: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
@@ -119,12 +124,20 @@ class CompareScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#diff-box").border_title = "config diff"
-        self.load(list(self.run_ids))
+        if self.sweep:
+            self.sub_title = f"sweep {self.sweep}"
+        self.load(list(self.run_ids), self.sweep)
 
     @work(thread=True, exclusive=True, group="compare-load")
-    def load(self, run_ids: list[str]) -> None:
+    def load(self, run_ids: list[str], sweep: str | None = None) -> None:
         runs, data, evals = {}, {}, {}
+        ranking = None
         try:
+            if sweep:
+                from workbench.sweeps import ranking_rows
+
+                ranking = ranking_rows(sweep)
+                run_ids = [row["id"] for row in ranking["rows"]]
             for rid in run_ids:
                 run, metrics, _ = services.poll_run(rid, after_metric=0, after_event=0)
                 series: dict[str, tuple[list[int], list[float]]] = {}
@@ -139,9 +152,12 @@ class CompareScreen(Screen):
         except Exception as exc:
             self.post_message(WorkFailed("compare", f"cannot read runs: {exc}"))
             return
-        self.post_message(CompareLoaded(runs, data, evals))
+        self.post_message(CompareLoaded(runs, data, evals, ranking=ranking))
 
     def on_compare_loaded(self, message: CompareLoaded) -> None:
+        if message.ranking is not None:
+            self.ranking = message.ranking
+            self.run_ids = [row["id"] for row in message.ranking["rows"]]
         self.show(message.runs, message.data, message.evals)
 
     def show(
@@ -158,6 +174,10 @@ class CompareScreen(Screen):
         self.redraw_plot()
         table = self.query_one("#summary", DataTable)
         table.clear(columns=True)
+        ranked = {row["id"]: row for row in (self.ranking or {}).get("rows", [])}
+        if self.ranking is not None:
+            better = "higher" if self.ranking["higher_is_better"] else "lower"
+            table.add_columns("rank", f"{self.ranking['by']} ({better} is better)")
         table.add_columns(
             "run",
             "status",
@@ -171,7 +191,12 @@ class CompareScreen(Screen):
         for rid in self.run_ids:
             run = runs[rid]
             s = summarize(run, data[rid])
+            lead = []
+            if self.ranking is not None:
+                row = ranked.get(rid, {})
+                lead = [str(row.get("place") or "-"), _fmt(row.get("score"), ".4g")]
             table.add_row(
+                *lead,
                 str(run.get("name")),
                 str(run.get("status")),
                 _fmt(s["final_loss"], ".4f"),

@@ -1,9 +1,10 @@
 """Recipe: pick a config (recipe and method), edit hyperparameters and memory/parallel options,
-see the YAML and a memory estimate against this machine's device memory, then validate, export or
-launch it. Cloning a run opens this screen prefilled, with the parent recorded.
+see the YAML and a memory estimate against this machine's device memory, then validate, export,
+launch or queue it, or queue a sweep over any of its keys (`workbench.sweeps`). Cloning a run opens
+this screen prefilled, with the parent recorded.
 
-Length: over 500 lines because it is one screen with four workers (load, estimate, validate, launch)
-and a typed-message handler for each; the option logic it shows lives in workbench/recipe_options.py,
+Length: over 500 lines because it is one screen with five workers (load, estimate, validate, launch or
+queue, sweep) and a typed-message handler for each; the option logic it shows lives in workbench/recipe_options.py,
 the mesh form in widgets/mesh_form.py, the tracker and launcher calls in workbench/services.py.
 """
 
@@ -49,6 +50,8 @@ from workbench.ui_messages import (
     EstimateReady,
     RecipeChoicesLoaded,
     RunLaunched,
+    RunQueued,
+    SweepQueued,
     ValidationDone,
     WorkFailed,
 )
@@ -67,6 +70,8 @@ class RecipeScreen(Screen):
         Binding("f5", "validate", "validate"),
         Binding("f6", "export", "export YAML"),
         Binding("f9", "launch", "launch"),
+        Binding("f8", "queue", "queue"),
+        Binding("f7", "sweep", "sweep"),
         Binding("ctrl+o", "open_config", "open file", show=False),
         Binding("ctrl+d", "use_mix", "use data mix", show=False),
         Binding("escape", "back", "back"),
@@ -557,8 +562,10 @@ class RecipeScreen(Screen):
         )  # fmt: skip
 
     def _problems(self, lines: list[str]) -> None:
+        from rich.text import Text
+
         for box in self.query("#problems"):  # none once the screen has closed (a late worker)
-            box.update("\n".join(lines))
+            box.update(Text("\n".join(lines)))  # plain text: a value such as `[oops` is no markup
 
     def action_use_mix(self) -> None:
         node = getattr(self.app, "dataset_node", None)
@@ -636,25 +643,48 @@ class RecipeScreen(Screen):
         else:
             self.notify(f"exported to {message.path}", severity="information")
 
-    def action_launch(self) -> None:
+    def action_launch(self, queue: bool = False) -> None:
         name = self.query_one("#run-name", Input).value.strip() or None
         self._launch(
             self.cfg, self.recipe or "sft", name, self.nproc_text, self.clone_of, yaml_text=self.yaml_text,
             module=self.module, validate_recipe=self.validate_recipe,
             tags=self.clone_tags if self.clone_of else [], placement=self.query_one(MeshForm).launch_options(),
-            **self._problem_inputs(),
+            queue=queue, **self._problem_inputs(),
         )  # fmt: skip
+
+    def action_queue(self) -> None:
+        """Like launch, but the run waits in the run queue (it starts when the device is free)."""
+        if self.query_one(MeshForm).nnodes > 1:
+            self.notify(
+                "the run queue starts one-node runs: launch a multi-node run with f9", severity="error"
+            )
+            return
+        self.action_launch(queue=True)
 
     @work(thread=True, exclusive=True, group="recipe-launch")
     def _launch(
         self, cfg: dict, launch_recipe: str, name: str | None, nproc_text: str, parent: str | None, *, yaml_text: str,
-        module: str | None, validate_recipe: str | None, tags: list[str], placement: dict, **inputs,
+        module: str | None, validate_recipe: str | None, tags: list[str], placement: dict, queue: bool = False,
+        **inputs,
     ) -> None:  # fmt: skip
         problems = all_problems(cfg, validate_recipe, nproc_text, **inputs)
         if problems:
             self.post_message(ValidationDone(problems))
             return
         nproc = int(nproc_text.strip())  # recipe_problems checked it is within 1..max_nproc
+        if queue:
+            from workbench import run_queue
+
+            try:
+                run_id, place = run_queue.queue_config(
+                    recipe=launch_recipe, config_text=yaml_text, nproc=nproc, name=name, parent_id=parent,
+                    module=module, tags=tags,
+                )  # fmt: skip
+            except Exception as exc:
+                self.post_message(RunQueued(None, error=str(exc)))
+                return
+            self.post_message(RunQueued(run_id, place))
+            return
         try:
             run_id = services.launch_config(
                 recipe=launch_recipe, config_text=yaml_text, nproc=nproc, name=name, parent_id=parent, module=module,
@@ -672,6 +702,58 @@ class RecipeScreen(Screen):
         self.notify(f"launched run {message.run_id}", severity="information")
         self.app.pop_screen()
         self.app.push_screen(self.app.make_screen("live", run_id=message.run_id))
+
+    def on_run_queued(self, message: RunQueued) -> None:
+        if message.run_id is None:
+            self.notify(message.error, severity="error")
+            return
+        self.notify(f"run {message.run_id} queued at place {message.place}", severity="information")
+        self.app.pop_screen()
+
+    def action_sweep(self) -> None:
+        """Ask for a sweep line (a grid `a=1,2 x b=3,4`, or runs separated by `;`) over this config."""
+        if self.query_one(MeshForm).nnodes > 1:
+            self.notify("a sweep queues one-node runs: set nodes to 1", severity="error")
+            return
+        problems = list(self.control_errors.values()) + self.mesh_problems
+        if problems:
+            self._problems(problems)
+            return
+        recipe, text, module = self.recipe or "sft", self.yaml_text, self.module
+        nproc, name = self.nproc, self.query_one("#run-name", Input).value.strip() or None
+
+        def chosen(spec: str | None) -> None:
+            if spec and spec.strip():
+                self._sweep(recipe, spec, text, name, nproc, module)
+
+        prompt = (
+            "Sweep over keys (grid: optimizer.lr=1e-4,3e-4 x model.lora_rank=8,16; list: a=1 b=2; a=3 b=4):"
+        )
+        self.app.push_screen(TextPromptScreen(prompt, ""), chosen)
+
+    @work(thread=True, exclusive=True, group="recipe-launch")
+    def _sweep(
+        self, recipe: str, spec: str, text: str, name: str | None, nproc: int, module: str | None
+    ) -> None:
+        """Every run of the sweep checked, then registered and queued (`workbench.sweeps`), or one line."""
+        from workbench.sweeps import sweep_from_text
+
+        try:
+            sweep, count = sweep_from_text(
+                recipe, spec, config_text=text, name=name, nproc=nproc, module=module
+            )
+        except Exception as exc:
+            self.post_message(SweepQueued(None, error=str(exc)))
+            return
+        self.post_message(SweepQueued(sweep, count))
+
+    def on_sweep_queued(self, message: SweepQueued) -> None:
+        if message.name is None:
+            self._problems([message.error])
+            self.notify(message.error, severity="error")
+            return
+        self.notify(f"sweep {message.name}: {message.count} run(s) queued", severity="information")
+        self.app.pop_screen()
 
     def on_work_failed(self, message: WorkFailed) -> None:
         self.notify(message.text, severity="error")

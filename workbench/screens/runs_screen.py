@@ -1,5 +1,6 @@
 """Runs: every run in the tracker, updated live. Open, compare, resume, clone, stop, export (the
-config as YAML, or the model as GGUF), delete, tag and annotate runs from here.
+config as YAML, or the model as GGUF), delete, tag and annotate runs from here; queue runs, reorder
+and cancel them, pause the queue, and compare a sweep ranked best first.
 
 Space marks runs for compare or bulk actions; without marks an action applies to the run under
 the cursor. Quitting the workbench never stops a run.
@@ -13,7 +14,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label
 
-from workbench import services
+from workbench import run_queue, services
 from workbench.commands.export_model import TYPES as GGUF_TYPES
 from workbench.screens.confirm import ChoiceScreen, ConfirmScreen, TextPromptScreen, TypedConfirmScreen
 from workbench.ui_messages import ModelExported, RunActionDone, RunsLoaded, WorkFailed
@@ -35,7 +36,12 @@ class RunsScreen(Screen):
         Binding("n", "new", "new run"),
         Binding("r", "resume", "resume", show=False),
         Binding("k", "clone", "clone", show=False),
-        Binding("x", "stop", "stop", show=False),
+        Binding("x", "stop", "stop / cancel queued", show=False),
+        Binding("u", "queue", "queue (a clone of an ended run)", show=False),
+        Binding("shift+up", "queue_move('up')", "earlier in the queue", show=False),
+        Binding("shift+down", "queue_move('down')", "later in the queue", show=False),
+        Binding("P", "queue_pause", "pause / resume the queue", show=False),
+        Binding("w", "compare_sweep", "compare the run's sweep, ranked", show=False),
         Binding("e", "export", "export YAML", show=False),
         Binding("g", "export_gguf", "export GGUF", show=False),
         Binding("D", "delete", "delete", show=False),
@@ -66,20 +72,27 @@ class RunsScreen(Screen):
     def refresh_runs(self) -> None:
         try:
             rows = services.list_runs()
+            queue = run_queue.screen_view()
         except Exception as exc:  # the tracker is unreadable: say so once in the status line
             self.post_message(WorkFailed("runs", f"cannot read the tracker: {exc}"))
             return
-        self.post_message(RunsLoaded(rows))
+        for row in rows:
+            row["queue_pos"] = queue["places"].get(row["id"])
+        self.post_message(RunsLoaded(rows, queue))
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         table = self.query_one(RunsTable)
         table.set_rows(message.rows)
         running = sum(1 for r in message.rows if r["status"] == "running")
         shown = len(table.visible_ids)
+        queue = message.queue or {}
+        waiting = len(queue.get("places") or {})
         self._status(
             f"{shown}/{len(message.rows)} runs, {running} running, sort: {table.sort_column}"
             + (" (desc)" if table.sort_reverse else "")
             + (f", {len(table.marked)} marked" if table.marked else "")
+            + (f", queue: {waiting} waiting" if waiting or queue.get("paused") else "")
+            + (" (paused: P resumes)" if queue.get("paused") else "")
         )
 
     def _status(self, text: str) -> None:
@@ -152,11 +165,24 @@ class RunsScreen(Screen):
         for rid in self._selected():
             self._run_action("resume", rid)
 
+    def _waiting(self, run_id: str) -> bool:
+        row = self.query_one(RunsTable).rows_by_id.get(run_id, {})
+        return row.get("status") == "queued" and bool(row.get("queue_pos"))
+
     def action_stop(self) -> None:
         ids = self._selected()
         if not ids:
             return
         names = ", ".join(self._run_name(r) for r in ids)
+        if all(self._waiting(r) for r in ids):  # waiting in the queue: they never ran, cancel them
+
+            def cancel(yes: bool | None) -> None:
+                if yes:
+                    for rid in ids:
+                        self._run_action("cancel", rid)
+
+            self.app.push_screen(ConfirmScreen(f"Cancel {names}? (taken out of the queue)"), cancel)
+            return
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -240,10 +266,56 @@ class RunsScreen(Screen):
 
             self.app.push_screen(TextPromptScreen("Note:", current), chosen)
 
+    def action_queue(self) -> None:
+        ids = self._selected()
+        if ids:
+            self._queue_action("queue", ids)
+
+    def action_queue_move(self, where: str) -> None:
+        for rid in self._selected(one=True):
+            if not self._waiting(rid):
+                self.notify(f"{self._run_name(rid)} is not waiting in the queue", severity="warning")
+                return
+            self._queue_action("move", [rid], where)
+
+    def action_queue_pause(self) -> None:
+        self._queue_action("pause", [])
+
+    @work(thread=True, group="runs-queue")
+    def _queue_action(self, action: str, run_ids: list[str], arg: str = "") -> None:
+        """Queue, move (relative moves add up: each is read and written in one transaction), pause/resume."""
+        rid = run_ids[0] if run_ids else None
+        try:
+            if action == "queue":
+                text = run_queue.queue_selected(run_ids)
+            elif action == "move":
+                text = f"place {run_queue.move(run_ids[0], arg)} in the queue"
+            else:
+                text = "queue paused" if run_queue.toggle_paused() else "queue resumed"
+        except Exception as exc:  # shown as a toast; the message names what to change
+            self.post_message(RunActionDone(action, str(exc), rid, ok=False))
+            return
+        self.post_message(RunActionDone(action, text, rid if action == "move" else None))
+
+    def action_compare_sweep(self) -> None:
+        from workbench.sweeps import sweep_of
+
+        for rid in self._selected(one=True):
+            name = sweep_of(self.query_one(RunsTable).rows_by_id.get(rid, {}))
+            if name is None:
+                self.notify(
+                    f"{self._run_name(rid)} is not part of a sweep (tunebench sweep)", severity="warning"
+                )
+                return
+            self.app.push_screen(self.app.make_screen("compare", sweep=name))
+
     @work(thread=True, group="runs-action")
     def _run_action(self, action: str, run_id: str, arg: str = "") -> None:
         try:
-            if action == "resume":
+            if action == "cancel":
+                run_queue.cancel(run_id)
+                text = "cancelled (taken out of the queue)"
+            elif action == "resume":
                 services.resume_run(run_id)
                 text = "resumed"
             elif action == "stop":
@@ -270,7 +342,8 @@ class RunsScreen(Screen):
 
     def on_run_action_done(self, message: RunActionDone) -> None:
         name = self._run_name(message.run_id) if message.run_id else ""
-        self.notify(f"{name}: {message.text}", severity="information" if message.ok else "error")
+        text = f"{name}: {message.text}" if name else message.text
+        self.notify(text, severity="information" if message.ok else "error")
         self.refresh_runs()
 
     def action_quit_app(self) -> None:

@@ -30,6 +30,7 @@ STATUS_STYLE = {
     "completed": "cyan",
     "failed": "bold red",
     "stopped": "magenta",
+    "cancelled": "dim",
 }
 
 
@@ -59,10 +60,12 @@ def format_started(ts: float | None) -> str:
 def cell_values(row: Mapping[str, Any], marked: bool) -> list[Any]:
     """The table cells of one run row (a mapping with the keys in COLUMNS)."""
     status = str(row.get("status") or "-")
+    place = row.get("queue_pos")  # waiting in the run queue: its place there
+    shown = f"{status} #{place}" if place and status == "queued" else status
     return [
         "●" if marked else " ",
         str(row.get("name") or row.get("id")),
-        Text(status, style=STATUS_STYLE.get(status, "")),
+        Text(shown, style=STATUS_STYLE.get(status, "")),
         str(row.get("recipe") or "-"),
         str(row.get("model") or "-"),
         _num(row.get("last_loss"), ".4f"),
