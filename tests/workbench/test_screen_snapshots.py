@@ -149,6 +149,33 @@ def test_runs_screen(snap_compare, snap_home):
     assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
 
 
+def test_runs_screen_with_queued_runs(snap_compare, snap_home):
+    """Two runs of a sweep waiting in a paused queue (their places in the status column, the queue in the
+    status line) and a third cancelled."""
+    from engine.tracking.db import open_db
+    from workbench import launcher, run_queue
+
+    run_queue.pause()
+    ids = []
+    for i, lr in enumerate(("1e-4", "3e-4", "1e-3")):
+        rec = launcher.create_run(
+            "sft", config_path="sft_smollm2.yaml", overrides=[f"optimizer.lr={lr}"], name=f"lr-{i + 1}",
+            tags=["sweep:lr"], notes=f"optimizer.lr={lr}", validate=False,
+        )  # fmt: skip
+        ids.append(rec.id)
+        with open_db() as db:  # a fixed creation time: the started column shows it for runs not started
+            db.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0 + 10800 + 60 * i, rec.id))
+    run_queue.queue_runs(ids)
+    run_queue.cancel(ids[1])
+
+    async def ready(pilot):
+        table = pilot.app.screen.query_one("RunsTable")
+        status = pilot.app.screen.query_one("#runs-status")
+        await _until(pilot, lambda: len(table.rows_by_id) == 6 and "paused" in str(status.render()))
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
 def test_runs_screen_80x24_light(snap_compare, snap_home):
     async def ready(pilot):
         table = pilot.app.screen.query_one("RunsTable")
