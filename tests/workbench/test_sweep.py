@@ -126,6 +126,16 @@ def test_a_bad_value_in_one_run_queues_nothing(tunebench_home, capsys):
     with open_db() as db:
         assert list_runs(db=db) == []
     assert not runs_root().exists() or list(runs_root().iterdir()) == []
+    assert main([*argv, "--dry-run"]) == 2  # --dry-run checks the same, one line
+    assert "run 3 (optimizer.lr=abc model.lora_rank=8)" in capsys.readouterr().err
+
+    dry = ["sweep", "sft", "--config", "demo/smollm2_135m_lora", "optimizer.lr=1e-4,3e-4", "--dry-run"]
+    assert main(dry) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "1: optimizer.lr=1e-4", "2: optimizer.lr=3e-4", "2 run(s), all valid; nothing registered (--dry-run)"
+    ]  # fmt: skip
+    with open_db() as db:
+        assert list_runs(db=db) == []
 
     # the same grid with good values: validated by the sft schema and queued
     assert (
