@@ -127,7 +127,9 @@ class ChoiceScreen(ModalScreen[str | None]):
             yield Label(self.prompt)
             with Horizontal():
                 for i, choice in enumerate(self.choices):
-                    yield Button(f"{i + 1} {choice}", id=f"choice-{i}", variant="primary" if i == 0 else "default")
+                    yield Button(
+                        f"{i + 1} {choice}", id=f"choice-{i}", variant="primary" if i == 0 else "default"
+                    )
 
     def on_mount(self) -> None:
         self.query_one("#choice-0", Button).focus()

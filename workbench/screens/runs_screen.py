@@ -211,7 +211,9 @@ class RunsScreen(Screen):
                     self._export_gguf(rid, qtype)
 
             self.app.push_screen(
-                ChoiceScreen(f"Export {name}'s merged model as GGUF (llama.cpp, Ollama); storage:", GGUF_TYPES),
+                ChoiceScreen(
+                    f"Export {name}'s merged model as GGUF (llama.cpp, Ollama); storage:", GGUF_TYPES
+                ),
                 chosen,
             )
 
