@@ -1,13 +1,16 @@
 """FlexAttention's block mask for packed documents against the dense `[B,S,S]` mask path.
 
-On CPU FlexAttention has a forward but no backward (PyTorch refuses it), so the CPU checks are: the
-block mask is the dense mask exactly, the decoder's outputs through FlexAttention equal the dense
-path's, and training on CPU falls back to the dense path. Outputs and gradients of the compiled kernel
-against the dense path are checked on CUDA when one is present.
+On CPU FlexAttention has a forward but no backward (PyTorch 2.13 raises NotImplementedError), so the
+CPU checks are: the block mask is the dense mask exactly, the decoder's outputs through FlexAttention
+equal the dense path's, FlexAttention's gradients (the derivatives of its own CPU forward, by central
+differences in float64) equal autograd's through the dense path, and training on CPU falls back to
+the dense path. Outputs and gradients of the compiled kernel against the dense path are checked on
+CUDA when one is present.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.models.llama3 import SIZES, llama3
 from engine.modules.attention_masks import block_causal_mask, sliding_window_mask
@@ -53,6 +56,48 @@ def test_decoder_outputs_through_flex_equal_the_dense_path_on_cpu():
             atol=2e-5,
             rtol=2e-5,
         )
+
+
+@pytest.mark.parametrize("window, kv_heads", [(None, 4), (6, 2)])
+def test_flex_gradients_equal_the_dense_path_on_cpu(monkeypatch, window, kv_heads):
+    # No CPU backward to call: FlexAttention's gradient along a random direction u of q, k or v is
+    # (f(x + eps u) - f(x - eps u)) / 2 eps of its own forward (float64, exact to ~1e-16 here, so the
+    # difference quotient is good to ~1e-9); autograd through SDPA on the dense mask must give <grad, u>.
+    import torch.nn.attention.flex_attention as flex_module
+
+    calls = []
+    real_flex = flex_module.flex_attention
+    monkeypatch.setattr(
+        flex_module, "flex_attention", lambda *a, **kw: calls.append(1) or real_flex(*a, **kw)
+    )
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 32, 16, dtype=torch.float64, generator=g)
+    k, v = (torch.randn(2, kv_heads, 32, 16, dtype=torch.float64, generator=g) for _ in range(2))
+    cotangent = torch.randn(2, 4, 32, 16, dtype=torch.float64, generator=g)
+    spec = FlexDocumentMask(DOCS, window)
+
+    mask = block_causal_mask(DOCS)
+    if window is not None:
+        mask = mask & sliding_window_mask(torch.arange(32), 32, window)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dense = F.scaled_dot_product_attention(*leaves, attn_mask=mask[:, None], enable_gqa=kv_heads != 4)
+    (dense * cotangent).sum().backward()
+
+    def flex_objective(qq, kk, vv) -> torch.Tensor:
+        return (spec.attend(qq, kk, vv, dropout_p=0.0) * cotangent).sum()
+
+    torch.testing.assert_close(spec.attend(q, k, v, dropout_p=0.0), dense.detach(), atol=1e-12, rtol=1e-12)
+    eps = 1e-6
+    for i, leaf in enumerate(leaves):
+        for _ in range(2):
+            u = torch.randn(leaf.shape, dtype=torch.float64, generator=g)
+            plus, minus = [q, k, v], [q, k, v]
+            plus[i], minus[i] = plus[i] + eps * u, minus[i] - eps * u
+            derivative = (flex_objective(*plus) - flex_objective(*minus)) / (2 * eps)
+            torch.testing.assert_close(
+                derivative, (leaf.grad * u).sum(), atol=1e-7, rtol=1e-7, msg=f"d/d{'qkv'[i]}"
+            )
+    assert len(calls) == 1 + 3 * 2 * 2  # every forward above went through FlexAttention itself
 
 
 def test_auto_keeps_the_dense_mask_on_cpu_and_training_falls_back():
