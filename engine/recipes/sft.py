@@ -86,17 +86,20 @@ def _parallel_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
 
 
 def _qlora_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
-    """QLoRA on several ranks: pure tensor parallelism only (FSDP2 would shard the NF4 base)."""
+    """QLoRA on several ranks: FSDP2 (+ HSDP, cp) shards the NF4 base, or pure tensor parallelism keeps
+    it whole on every rank; both at once (tp > 1 with other ranks) is refused."""
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     preset = str(node.get("_component_", "")).rsplit(".", 1)[-1].startswith("qlora_")
     nf4 = node.get("quantize_base", preset) is True
-    if nproc > 1 and nf4 and cfg["tensor_parallel_dim"] != nproc:
+    tp = cfg.get("tensor_parallel_dim", 1)
+    if nproc > 1 and nf4 and tp not in (1, nproc):
         return [
             ConfigProblem(
-                "model.quantize_base",
-                f"QLoRA (NF4 base) on {nproc} ranks runs under tensor parallelism only (the NF4 base "
-                "replicated); FSDP2 shards plain weights",
-                f"set tensor_parallel_dim={nproc}, or use a lora_* builder",
+                "tensor_parallel_dim",
+                f"QLoRA (NF4 base) on {nproc} ranks runs under FSDP2 (tensor_parallel_dim=1) or pure "
+                f"tensor parallelism (tensor_parallel_dim={nproc}), not tensor parallelism "
+                f"{tp} x {nproc // max(tp, 1)} data-parallel ranks",
+                f"set tensor_parallel_dim=1 or {nproc}, or use a lora_* builder",
             )
         ]
     return []
@@ -264,10 +267,10 @@ class SFTRecipe:
 
         cfg = self.cfg
         if self.world_size > 1 and (nf4 := _qlora_problems(cfg, self.world_size)):
-            raise ConfigError.from_problem(nf4[0])  # QLoRA on several ranks: pure tensor parallelism only
+            raise ConfigError.from_problem(nf4[0])  # QLoRA: FSDP2 or pure tensor parallelism
         ac, every_k = cfg["enable_activation_checkpointing"], cfg["ac_every_k"]
-        # QLoRA on several ranks under pure TP: the NF4 base replicated on every rank (see
-        # engine.training.tensor_parallel), each rank builds the whole model itself (same seed).
+        # QLoRA on several ranks: each rank builds the whole model itself (same seed); under pure TP
+        # the NF4 base stays replicated (engine.training.tensor_parallel), else FSDP2 shards it.
         model, self.is_lora, self.model_dir = build_model(
             cfg["model"], cfg["checkpoint_dir"], dtype=self.dtype, seed=self.seed, device=self.device,
             trainable=True, mesh=self._mesh(), activation_checkpointing=(every_k if every_k > 1 else True) if ac else False,

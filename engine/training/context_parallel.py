@@ -13,7 +13,8 @@ The mask of a query/key pair follows from their global positions and documents (
 key position <= query position, within the sliding window if any), so packed batches are supported:
 `split_batch` keeps `position_ids` (restarting per document) and `document_ids` with each slice.
 Padding added to make S a multiple of `2 * cp` (and of tp under sequence parallelism) forms its own
-document with ignored labels. torch's `context_parallel` API is not used: its CPU/gloo path does not
+document with ignored labels. With `compile`, each block is compiled in two graphs, before and after
+the ring, which runs eagerly (`torch.compiler.disable`). torch's `context_parallel` API is not used: its CPU/gloo path does not
 cover the SDPA CPU kernel and it cannot express packed documents.
 """
 
@@ -171,6 +172,9 @@ class RingMask(AttentionSpec):
     def __init__(self, masks: list[torch.Tensor], group) -> None:
         self.masks, self.group = masks, group
 
+    # Under `compile=true` the ring runs eagerly between the block's compiled graphs: its send/recv
+    # and data-dependent skips of empty blocks are a graph break, not something to trace.
+    @torch.compiler.disable
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float) -> torch.Tensor:
         if dropout_p > 0.0:
             raise ValueError(

@@ -124,10 +124,11 @@ def build_model(
     `dist_info`), and the sharded parameters are filled from the full weights that rank 0 alone
     builds (`materialize_model` broadcasts them). `activation_checkpointing`: True for every block,
     k > 1 for every k-th (trainable models only). `expert_mesh`: MoE experts sharded over it (EP).
-    `replicate_quantized`: an NF4 (QLoRA) base on several ranks is built whole on every rank (same seed)
-    and not sharded (pure tensor parallelism); without it, it is refused.
-    Raises ConfigError for a missing model folder, an NF4 (QLoRA) base on several processes, or a
-    trainable model with nothing to train.
+    An NF4 (QLoRA) base on several ranks: every rank builds and quantises the whole model itself (same
+    seed, same weights; NF4 cannot be broadcast or built on `meta`), then FSDP2 shards the NF4 bases
+    that split evenly (torchao's NF4Tensor all-gathers its packed form) and keeps the others whole;
+    `replicate_quantized`: pure tensor parallelism, nothing sharded by FSDP2.
+    Raises ConfigError for a missing model folder or a trainable model with nothing to train.
     """
     from engine.modules.peft.utils import get_adapter_params, set_trainable_params
     from engine.training import build_world_mesh, materialize_model, parallelize
@@ -136,11 +137,12 @@ def build_model(
     rank, world = rank_world()
     model_dir = resolve_model_dir(checkpoint_dir) if checkpoint_dir is not None else None
     replicated = False  # every rank holds the whole model (an NF4 base under pure TP): no FSDP2
+    built_whole = False  # every rank built the full model itself (an NF4 base): nothing to materialise
     if world > 1:
         with torch.device("meta"):
             model = instantiate(node)
-        if replicate_quantized and any(getattr(m, "quantize_base", False) for m in model.modules()):
-            replicated = True
+        if any(getattr(m, "quantize_base", False) for m in model.modules()):
+            built_whole, replicated = True, replicate_quantized
             model = _initialised(node, model_dir, dtype=dtype, seed=seed).to(device=device)
     else:
         model = _initialised(node, model_dir, dtype=dtype, seed=seed)
@@ -151,12 +153,6 @@ def build_model(
             p.requires_grad_(False)
     elif is_lora:
         set_trainable_params(model, adapters.keys())
-    if world > 1 and not replicated and any(getattr(m, "quantize_base", False) for m in model.modules()):
-        raise ConfigError(
-            "QLoRA (NF4 base) runs on one process here; FSDP2 shards plain weights",
-            hint="use a lora_* builder with FSDP, or run QLoRA with --nproc_per_node 1",
-            field=f"{field}.quantize_base",
-        )
     if world > 1 and mesh is None:
         mesh = build_world_mesh(dist_info)
     model = parallelize(
@@ -168,11 +164,11 @@ def build_model(
         expert_mesh=expert_mesh,
         **dict(fsdp_cfg or {}),  # the schema's `fsdp` block: reshard_after_forward, cpu_offload
     )
-    if world > 1 and not replicated:
+    if world > 1 and not built_whole:
         full = _initialised(node, model_dir, dtype=dtype, seed=seed).state_dict() if rank == 0 else {}
         materialize_model(model, device=device, state_dict=full, broadcast_from_rank0=True)
         del full
-    else:
+    elif world == 1:
         model.to(device=device)
     if trainable and not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(

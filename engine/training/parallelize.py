@@ -54,7 +54,8 @@ def parallelize(
         activation_checkpointing: False, True (every block) or k (every k-th block).
         compile: `torch.compile` each block (the loss and the root run eagerly).
         fsdp: shard parameters, gradients and optimizer state with FSDP2 over dp_shard (x cp),
-            replicated over dp_replicate (HSDP when that is > 1).
+            replicated over dp_replicate (HSDP when that is > 1). NF4 (QLoRA) bases must be real
+            tensors (not `meta`): those that split evenly are sharded, the others kept whole.
         reshard_after_forward: free the gathered block weights after forward (re-gather in backward):
             less memory, one more all-gather per block.
         cpu_offload: keep sharded parameters/gradients/optimizer state in CPU memory (FSDP2).
@@ -110,7 +111,11 @@ def parallelize(
 
     # 5. FSDP2: each block its own unit (gathered just in time), then the root for the rest.
     if fsdp:
-        kwargs = {"mesh": fsdp_mesh(mesh), "ignored_params": ignored}
+        shard_mesh = fsdp_mesh(mesh)
+        whole = _unshardable_nf4(model, shard_mesh.size(shard_mesh.ndim - 1))
+        if whole:
+            ignored = (ignored or set()) | whole
+        kwargs = {"mesh": shard_mesh, "ignored_params": ignored}
         if param_dtype is not None or reduce_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         if cpu_offload:
@@ -127,6 +132,16 @@ def parallelize(
             # it is the gathered [V, D] weight, and its gradient flows back through FSDP.
             register_fsdp_forward_method(model, "forward_hidden")
     return model
+
+
+def _unshardable_nf4(model: nn.Module, shards: int) -> set[nn.Parameter]:
+    """QLoRA under FSDP2: the NF4 bases that cannot be split into `shards` equal chunks (whole blocks
+    and scaler groups each, `nf4_shardable`). They are frozen, so FSDP2 can leave them out: every rank
+    keeps them whole, as under tensor parallelism; the other NF4 bases are sharded like any weight
+    (torchao's NF4Tensor all-gathers its packed form, `fsdp_pre/post_all_gather`)."""
+    from engine.modules.peft.lora import is_nf4, nf4_shardable
+
+    return {p for p in model.parameters() if is_nf4(p) and not nf4_shardable(p, shards)}
 
 
 def materialize_model(

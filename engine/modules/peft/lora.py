@@ -60,6 +60,16 @@ def is_nf4(t: torch.Tensor) -> bool:
         return False
 
 
+def nf4_shardable(weight: torch.Tensor, shards: int) -> bool:
+    """Whether FSDP2 can split an NF4 weight into `shards` equal row chunks: the rows and each of its
+    packed tensors (values, per-block scalers, per-group scaler factors) divide evenly. torchao's NF4
+    splits those tensors as they are, so a chunk must hold whole blocks and whole scaler groups."""
+    if weight.dim() != 2 or weight.shape[0] % shards:
+        return False
+    packed = (weight.quantized_data, weight.quantized_scalers, weight.quantization_factor)
+    return all(t.numel() % shards == 0 for t in packed)
+
+
 def dequantize(weight: torch.Tensor) -> torch.Tensor:
     """The plain tensor behind `weight` (NF4 dequantised, otherwise returned as is)."""
     return weight.get_original_weight() if is_nf4(weight) else weight

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.engine.recipes._sft_helpers import (
+    REPO,
     TINY_MODEL,
     losses,
     new_run,
@@ -86,10 +87,10 @@ def _two_ranks(tmp_path, tunebench_home, cfg: dict, mesh: str) -> list[float]:
     return [v for _, v in losses(tunebench_home, run_id)]
 
 
-def _weights(cfg: dict) -> dict[str, torch.Tensor]:
+def _weights(cfg: dict, step: int = STEPS) -> dict[str, torch.Tensor]:
     from pathlib import Path
 
-    folder = Path(cfg["output_dir"]) / "checkpoints" / f"step_{STEPS}" / "model"
+    folder = Path(cfg["output_dir"]) / "checkpoints" / f"step_{step}" / "model"
     return load_file(str(folder / "model.safetensors"))
 
 
@@ -130,6 +131,52 @@ def test_hsdp_two_replicas_equal_one_rank(tmp_path, tunebench_home):
     _same_run(tmp_path, tunebench_home, {}, {"data_parallel_replicate_dim": 2, "batch_size": 2}, mesh)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow  # 2 torchrun launches; the checkpoint round trip under tp/cp is in the default suite
+@pytest.mark.parametrize("degree", ["tensor_parallel_dim", "context_parallel_dim"])
+def test_killed_under_tp_or_cp_and_resumed_equals_one_rank(tmp_path, tunebench_home, degree):
+    # kill -9 of every rank after step 2 or later (possibly mid-save), then resume=true: the run
+    # restarts from its last complete checkpoint and ends where one uninterrupted process does.
+    import os
+    import signal
+    import subprocess
+
+    from tests.engine.recipes.test_sft_process import _wait_for_step
+
+    over = {"max_steps_per_epoch": 4, "save_every_n_steps": 1}
+    if degree == "context_parallel_dim":
+        over.update({"dataset.packed": True, "dataset.max_seq_len": 48, "batch_size": 2})
+    one_cfg = _config(tmp_path, "one", **over)
+    one = run_recipe(one_cfg)
+    two_cfg = _config(tmp_path, "two", **over, **{degree: 2})
+    path = write_config(two_cfg, tmp_path / "two.yaml")
+    run_id = new_run(tunebench_home)
+    env = recipe_env(tunebench_home, run_id)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "engine.recipes.sft", "--config", str(path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        killed_at = _wait_for_step(tunebench_home, run_id, 2, proc, timeout=400)
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks: no handler runs
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert killed_at < 4
+    done = _run(cmd + ["resume=true"], env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = losses(tunebench_home, run_id)
+    assert [s for s, _ in rows] == [1, 2, 3, 4]  # each step once
+    torch.testing.assert_close(
+        torch.tensor([v for _, v in rows]), torch.tensor(one.loss_history), rtol=2e-5, atol=0
+    )
+    got, expected = _weights(two_cfg, 4), _weights(one_cfg, 4)
+    assert set(got) == set(expected)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=2e-6, msg=key)
+
+
 QLORA = {
     "model._component_": "engine.models.llama3.lora_llama3",
     "model.quantize_base": True,
@@ -167,14 +214,39 @@ def test_qlora_under_tensor_parallel_equals_one_rank(tmp_path, tunebench_home):
         torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=2e-6, msg=key)
 
 
-def test_qlora_on_a_data_parallel_mesh_is_one_line_before_launch():
+@pytest.mark.distributed
+@pytest.mark.slow  # the engine-level equivalence (parallel_worker qlorafsdp) is in the default suite
+def test_qlora_under_fsdp2_equals_one_rank(tmp_path, tunebench_home):
+    # 128 wide: the MLP's NF4 bases are sharded over the 2 ranks, the attention's kept whole.
+    wide = {**QLORA, "model.embed_dim": 128, "model.intermediate_dim": 256}
+    mesh = "dp_replicate=1 x dp_shard=2 x cp=1 x tp=1"
+    one_cfg = _config(tmp_path, "one", **wide)
+    one = run_recipe(one_cfg)
+    two_cfg = _config(tmp_path, "two", **wide, batch_size=2)
+    two = _two_ranks(tmp_path, tunebench_home, two_cfg, mesh)
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(one.loss_history), rtol=2e-5, atol=0)
+    from pathlib import Path
+
+    def adapters(cfg):
+        folder = Path(cfg["output_dir"]) / "checkpoints" / f"step_{STEPS}" / "model"
+        return load_file(str(folder / "adapter_model.safetensors"))
+
+    got, expected = adapters(two_cfg), adapters(one_cfg)
+    assert set(got) == set(expected) and got
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=2e-6, msg=key)
+
+
+def test_qlora_with_tensor_and_data_parallel_together_is_one_line_before_launch():
     from engine.recipes.sft import CONFIG_SCHEMA
 
-    cfg = {"model": {"_component_": "engine.models.llama3.qlora_llama3_2_1b"}, "tensor_parallel_dim": 1}
-    problems = CONFIG_SCHEMA.nproc_check(cfg, 2)
+    cfg = {"model": {"_component_": "engine.models.llama3.qlora_llama3_2_1b"}, "tensor_parallel_dim": 2}
+    problems = CONFIG_SCHEMA.nproc_check(cfg, 4)
     assert [str(p) for p in problems] == [
-        "model.quantize_base: QLoRA (NF4 base) on 2 ranks runs under tensor parallelism only (the NF4 base "
-        "replicated); FSDP2 shards plain weights — set tensor_parallel_dim=2, or use a lora_* builder"
+        "tensor_parallel_dim: QLoRA (NF4 base) on 4 ranks runs under FSDP2 (tensor_parallel_dim=1) or pure "
+        "tensor parallelism (tensor_parallel_dim=4), not tensor parallelism 2 x 2 data-parallel ranks — "
+        "set tensor_parallel_dim=1 or 4, or use a lora_* builder"
     ]
-    assert CONFIG_SCHEMA.nproc_check({**cfg, "tensor_parallel_dim": 2}, 2) == []
-    assert CONFIG_SCHEMA.nproc_check({"model": {**cfg["model"], "quantize_base": False}}, 2) == []
+    for tp in (1, 4):  # FSDP2 (the NF4 base sharded) or pure tensor parallelism (kept whole)
+        assert CONFIG_SCHEMA.nproc_check({**cfg, "tensor_parallel_dim": tp}, 4) == []
+    assert CONFIG_SCHEMA.nproc_check({"model": {**cfg["model"], "quantize_base": False}}, 4) == []

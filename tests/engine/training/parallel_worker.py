@@ -6,10 +6,14 @@ against one plain process on the same weights and batches.
   tied   TP + sequence parallel with a tied embedding (replicated, linear cross-entropy)
   lora   LoRA on every projection and the output under TP (adapters sharded as their base)
   qlora  QLoRA (NF4 base, kept replicated) under TP
+  qlorafsdp  QLoRA under FSDP2 (dp_shard=2): NF4 bases sharded where they split evenly, else whole
   dora   DoRA under TP
   cp     context parallel 2 ranks, ring attention, packed documents
+  cpcompile  the same with every block compiled (the ring eager between graphs)
   hsdp   HSDP 2 x 1 (replicate over 2, shard over 1)
-  tpcp   (4 ranks, alone) tp=2 x cp=2 on packed documents
+  tpresume, cpresume  tp=2 / cp=2 stopped after step 1, resumed from the recipes' checkpoint
+  tpcp   (4 ranks) tp=2 x cp=2 on packed documents
+  cphsdp, cpfsdp  (4 ranks) dp_replicate=2 x cp=2, dp_shard=2 x cp=2 on packed documents
 Per-step losses and final weights must match the plain run (SGD with momentum, linear in the gradients,
 so the comparison tests the parallelism, not Adam's amplification of 1e-8 noise). Prints `OK <mode>
 <json>` per mode on rank 0; any mismatch raises and the rank exits 1.
@@ -51,12 +55,14 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     if kind == "tied":
         return llama3(**sizes, tie_word_embeddings=True)
-    if kind in ("lora", "qlora", "dora"):
+    if kind == "qlorafsdp":  # 128 wide: the MLP's NF4 bases split over 2 shards, the attention's do not
+        sizes.update(embed_dim=128, intermediate_dim=256)
+    if kind in ("lora", "qlora", "dora", "qlorafsdp"):
         model = lora_llama3(
             **sizes,
             **LORA,
             apply_lora_to_output=kind == "lora",
-            quantize_base=kind == "qlora",
+            quantize_base=kind in ("qlora", "qlorafsdp"),
             use_dora=kind == "dora",
         )
         with torch.no_grad():  # B = 0 at init would leave half the adapter math untested
@@ -100,11 +106,16 @@ def step_loss(model, batch, *, linear_ce: bool = False) -> torch.Tensor:
     return token_losses(model(batch["tokens"], **kw), batch["labels"]).sum()
 
 
-def train(model, data, *, linear_ce=False, local=None, scale=1.0, copies=1):
-    """SGD steps; `local(batch)` is this rank's share of a batch (its loss sum is all-reduced over the
-    world, where `copies` ranks hold each token: tp), `scale` undoes FSDP's gradient average."""
+def sgd(model) -> torch.optim.Optimizer:
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=0.9)
+
+
+def train(model, data, *, linear_ce=False, local=None, scale=1.0, copies=1, opt=None):
+    """SGD steps (with `opt`, or a new optimizer); `local(batch)` is this rank's share of a batch (its
+    loss sum is all-reduced over the world, where `copies` ranks hold each token: tp), `scale` undoes
+    FSDP's gradient average."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+    opt = opt or sgd(model)
     losses, norms = [], []
     for batch in data:
         total = (batch["labels"] != -100).sum().item()  # the global batch's loss tokens
@@ -174,22 +185,39 @@ def run_tp(info, kind: str):
 
 def run_cp(info, kind: str):
     """cp=2: each rank its load-balanced half of every sequence, ring attention; FSDP2 over the
-    flattened dp_shard x cp dimension. Steps 0 and 2 are packed (3 and 2 documents per row), step 1 not."""
+    flattened dp_shard x cp dimension. Steps 0 and 2 are packed (3 and 2 documents per row), step 1 not.
+    `cpcompile`: the same with every block `torch.compile`d (the ring runs eagerly between graphs).
+    `cphsdp` / `cpfsdp` (4 ranks): dp_replicate=2 x cp=2 / dp_shard=2 x cp=2, one row per dp rank."""
     data = batches(seq=16, packed=True)
     data[1] = {k: data[1][k] for k in ("tokens", "labels")}
     ref_model = build("tp")
     ref_losses, ref_norms = train(ref_model, data)
-    mesh = build_world_mesh(info, ParallelDims(dp_shard=1, cp=2))
+    dims = {
+        "cphsdp": ParallelDims(dp_replicate=2, dp_shard=1, cp=2),
+        "cpfsdp": ParallelDims(dp_shard=2, cp=2),
+    }
+    dims = dims.get(kind, ParallelDims(dp_shard=1, cp=2))
+    mesh = build_world_mesh(info, dims)
     with torch.device("meta"):
         model = build("tp")
-    parallelize(model, mesh=mesh, fsdp=True, activation_checkpointing=True)
+    parallelize(
+        model, mesh=mesh, fsdp=True, activation_checkpointing=kind == "cp", compile=kind == "cpcompile"
+    )
     materialize_model(model, device="cpu", state_dict=build("tp").state_dict())
+    if kind == "cphsdp":
+        assert model.tok_embeddings.weight.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard_cp")
     rank = mesh["cp"].get_local_rank()
-    seen = []
+    row = slice(dims.dp_rank(info.rank), dims.dp_rank(info.rank) + 1) if dims.dp > 1 else slice(None)
+    seen, traced = [], []
     hook = model.layers[0].register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
-    losses, norms = train(model, data, local=lambda b: split_batch(b, 2, rank, pad_id=0), scale=2.0)
+    # Inside a compiled block this hook runs while dynamo traces it (is_compiling() is True then).
+    inner = model.layers[0].mlp.register_forward_hook(lambda *_: traced.append(torch.compiler.is_compiling()))
+    local = lambda b: split_batch({k: v[row] for k, v in b.items()}, 2, rank, pad_id=0)  # noqa: E731
+    losses, norms = train(model, data, local=local, scale=float(dims.dp * dims.cp))
     hook.remove()
-    assert seen[0] == (2, 8, 64), seen  # each rank holds half of each sequence
+    inner.remove()
+    assert seen[0] == (2 // dims.dp, 8, 64), seen  # each rank holds half of each sequence (of its rows)
+    assert any(traced) == (kind == "cpcompile"), traced
     compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
     return {"losses": losses, "ref_losses": ref_losses}
 
@@ -207,6 +235,76 @@ def run_hsdp(info, kind: str):
     mine = slice(info.rank, info.rank + 1)
     losses, norms = train(model, batches(), local=lambda b: {k: v[mine] for k, v in b.items()}, scale=2.0)
     compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
+def run_qlora_fsdp(info, kind: str):
+    """QLoRA under FSDP2, dp_shard=2, one row per rank: every rank builds the whole NF4 model (same
+    seed), FSDP2 shards the NF4 bases that split into whole blocks and scaler groups (the MLP's) and
+    keeps the others (the attention's: one scaler group each) whole; adapters sharded as usual."""
+    from torch.distributed.tensor import DTensor
+
+    from engine.modules.peft.lora import is_nf4
+
+    ref_model = build(kind)
+    ref_losses, ref_norms = train(ref_model, batches())
+    mesh = build_world_mesh(info, ParallelDims(dp_shard=2))
+    model = build(kind)
+    parallelize(model, mesh=mesh, fsdp=True, activation_checkpointing=True)
+    block = model.layers[0]
+    sharded, whole = block.mlp.gate_proj.weight, block.attn.q_proj.weight
+    assert isinstance(sharded, DTensor) and is_nf4(sharded.to_local()), type(sharded)
+    assert sharded.to_local().shape == (128, 128), sharded.to_local().shape  # half of [256, 128]
+    assert not isinstance(whole, DTensor) and is_nf4(whole), type(whole)
+    assert isinstance(block.attn.q_proj.lora_a.weight, DTensor)
+    mine = slice(info.rank, info.rank + 1)
+    losses, norms = train(model, batches(), local=lambda b: {k: v[mine] for k, v in b.items()}, scale=2.0)
+    compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    return {"losses": losses, "ref_losses": ref_losses}
+
+
+def run_resume(info, kind: str):
+    """Stopped after step 1 and resumed (`tpresume`: tp=2 + SP + loss parallel; `cpresume`: cp=2 on
+    packed documents; FSDP2 on top): the recipes' checkpoint (`save_checkpoint`, DCP: each rank writes
+    its own TP/FSDP2 shards of the weights and the SGD momentum) is loaded into a fresh model built
+    from other weights and a fresh optimizer, which run steps 2-3: equal to the uninterrupted run."""
+    import shutil
+    import tempfile
+
+    from engine.checkpoint.recipe_state import load_checkpoint, save_checkpoint
+
+    cp = kind == "cpresume"
+    data = batches(packed=cp)
+    ref_model = build("tp")
+    ref_losses, ref_norms = train(ref_model, data)
+    mesh = build_world_mesh(info, ParallelDims(dp_shard=1, cp=2) if cp else ParallelDims(dp_shard=1, tp=2))
+    rank = mesh["cp"].get_local_rank()
+    kw = {"local": lambda b: split_batch(b, 2, rank, pad_id=0), "scale": 2.0} if cp else {}
+
+    def fresh(seed: int):
+        with torch.device("meta"):
+            model = build("tp")
+        parallelize(model, mesh=mesh, fsdp=True)
+        materialize_model(model, device="cpu", state_dict=build("tp", seed=seed).state_dict())
+        return model, sgd(model)
+
+    folder = [tempfile.mkdtemp(prefix="resume_") if info.rank == 0 else None]
+    dist.broadcast_object_list(folder)
+    try:
+        model, opt = fresh(0)
+        losses, norms = train(model, data[:1], opt=opt, **kw)
+        path = save_checkpoint(folder[0], 1, model=model, optimizer=opt, recipe_state={"next_batch": 1})
+        del model, opt
+        model, opt = fresh(1)  # other weights, no momentum: the checkpoint must bring both back
+        state = load_checkpoint(path, model=model, optimizer=opt)
+        assert state == {"next_batch": 1, "step": 1}, state
+        more_losses, more_norms = train(model, data[state["next_batch"] :], opt=opt, **kw)
+        losses, norms = losses + more_losses, norms + more_norms
+        compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
+    finally:
+        dist.barrier()
+        if info.rank == 0:
+            shutil.rmtree(folder[0], ignore_errors=True)
     return {"losses": losses, "ref_losses": ref_losses}
 
 
@@ -231,6 +329,7 @@ def run_tp_cp(info, kind: str):
     return {"losses": losses, "ref_losses": ref_losses}
 
 
+FOUR_RANKS = {"tpcp", "cphsdp", "cpfsdp"}
 MODES = {
     "tp": run_tp,
     "tied": run_tp,
@@ -238,14 +337,20 @@ MODES = {
     "qlora": run_tp,
     "dora": run_tp,
     "cp": run_cp,
+    "cpcompile": run_cp,
+    "cphsdp": run_cp,
+    "cpfsdp": run_cp,
     "hsdp": run_hsdp,
+    "qlorafsdp": run_qlora_fsdp,
+    "tpresume": run_resume,
+    "cpresume": run_resume,
     "tpcp": run_tp_cp,
 }
 
 
 def main(modes: list[str]) -> None:
     info = init_distributed()
-    assert info.world_size == (4 if modes == ["tpcp"] else 2), info
+    assert info.world_size == (4 if set(modes) <= FOUR_RANKS else 2), info
     torch.set_num_threads(1)
     for mode in modes:
         result = MODES[mode](info, mode)

@@ -1,5 +1,6 @@
-"""Every parallel mode of the one mesh on 2 gloo ranks (4 for tp x cp; torchrun) equals one plain
-process: per-step losses, gradient norms and final weights within 2e-5 (fp32; see parallel_worker.py)."""
+"""Every parallel mode of the one mesh on 2 gloo ranks (4 for tp x cp and cp x data parallel;
+torchrun) equals one plain process: per-step losses, gradient norms and final weights within 2e-5
+(fp32; see parallel_worker.py)."""
 
 import os
 import socket
@@ -41,3 +42,20 @@ def test_tied_embeddings_and_dora_under_tp_equal_one_rank():
 @pytest.mark.slow
 def test_tp_times_cp_on_four_ranks_equals_one_rank():
     _torchrun("tpcp", nproc=4)
+
+
+@pytest.mark.distributed
+def test_qlora_under_fsdp2_and_cp_with_compile_equal_one_rank():
+    # QLoRA: NF4 bases sharded by FSDP2 where they split evenly (whole elsewhere); cp=2 with every
+    # block torch.compiled around the eager ring.
+    _torchrun("qlorafsdp", "cpcompile")
+
+
+@pytest.mark.distributed
+def test_cp_with_hsdp_and_with_fsdp_on_four_ranks_equal_one_rank():
+    _torchrun("cphsdp", "cpfsdp", nproc=4)
+
+
+@pytest.mark.distributed
+def test_resume_under_tp_and_under_cp_equals_the_uninterrupted_run():
+    _torchrun("tpresume", "cpresume")
