@@ -45,10 +45,15 @@ def test_tp_times_cp_on_four_ranks_equals_one_rank():
 
 
 @pytest.mark.distributed
-def test_qlora_under_fsdp2_and_cp_with_compile_equal_one_rank():
-    # QLoRA: NF4 bases sharded by FSDP2 where they split evenly (whole elsewhere); cp=2 with every
-    # block torch.compiled around the eager ring.
-    _torchrun("qlorafsdp", "cpcompile")
+def test_qlora_under_fsdp2_equals_one_rank():
+    # NF4 bases sharded by FSDP2 where they split evenly (the MLP's), whole elsewhere (the attention's).
+    _torchrun("qlorafsdp")
+
+
+@pytest.mark.distributed
+def test_cp_with_compiled_blocks_equals_one_rank():
+    # cp=2, every block torch.compiled (inductor, CPU) around the eager ring.
+    _torchrun("cpcompile")
 
 
 @pytest.mark.distributed
