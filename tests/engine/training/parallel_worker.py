@@ -7,6 +7,7 @@ against one plain process on the same weights and batches.
   lora   LoRA on every projection and the output under TP (adapters sharded as their base)
   qlora  QLoRA (NF4 base, kept replicated) under TP
   qlorafsdp  QLoRA under FSDP2 (dp_shard=2): NF4 bases sharded where they split evenly, else whole
+  qlorahsdp, qloracp  (4 ranks) the same under dp_replicate=2 x dp_shard=2, dp_replicate=2 x cp=2
   dora   DoRA under TP
   cp     context parallel 2 ranks, ring attention, packed documents
   cpcompile  the same with every block compiled (the ring eager between graphs)
@@ -77,12 +78,12 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
     return llama3(**sizes)
 
 
-def batches(seq: int = 16, packed: bool = False):
+def batches(seq: int = 16, packed: bool = False, rows: int = 2):
     g = torch.Generator().manual_seed(7)
     out = []
     for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (2, seq), generator=g)
-        labels = torch.randint(0, VOCAB, (2, seq), generator=g)
+        tokens = torch.randint(0, VOCAB, (rows, seq), generator=g)
+        labels = torch.randint(0, VOCAB, (rows, seq), generator=g)
         labels[0, :3] = -100
         labels[1, 5:9] = -100
         batch = {"tokens": tokens, "labels": labels}
@@ -239,17 +240,25 @@ def run_hsdp(info, kind: str):
 
 
 def run_qlora_fsdp(info, kind: str):
-    """QLoRA under FSDP2, dp_shard=2, one row per rank: every rank builds the whole NF4 model (same
-    seed), FSDP2 shards the NF4 bases that split into whole blocks and scaler groups (the MLP's) and
-    keeps the others (the attention's: one scaler group each) whole; adapters sharded as usual."""
+    """QLoRA under FSDP2 over 2 shards, one row per data-parallel rank: every rank builds the whole NF4
+    model (same seed), FSDP2 shards the NF4 bases that split into whole blocks and scaler groups (the
+    MLP's) and keeps the others (the attention's: one scaler group each) whole; adapters sharded as
+    usual. `qlorafsdp`: dp_shard=2; 4 ranks: `qlorahsdp` dp_replicate=2 x dp_shard=2 (4 rows),
+    `qloracp` dp_replicate=2 x cp=2 (FSDP2 over the cp ranks; each row split over them)."""
     from torch.distributed.tensor import DTensor
 
     from engine.modules.peft.lora import is_nf4
 
-    ref_model = build(kind)
-    ref_losses, ref_norms = train(ref_model, batches())
-    mesh = build_world_mesh(info, ParallelDims(dp_shard=2))
-    model = build(kind)
+    dims = {
+        "qlorafsdp": ParallelDims(dp_shard=2),
+        "qlorahsdp": ParallelDims(dp_replicate=2, dp_shard=2),
+        "qloracp": ParallelDims(dp_replicate=2, dp_shard=1, cp=2),
+    }[kind]
+    data = batches(rows=max(2, dims.dp))
+    ref_model = build("qlorafsdp")
+    ref_losses, ref_norms = train(ref_model, data)
+    mesh = build_world_mesh(info, dims)
+    model = build("qlorafsdp")
     parallelize(model, mesh=mesh, fsdp=True, activation_checkpointing=True)
     block = model.layers[0]
     sharded, whole = block.mlp.gate_proj.weight, block.attn.q_proj.weight
@@ -257,8 +266,15 @@ def run_qlora_fsdp(info, kind: str):
     assert sharded.to_local().shape == (128, 128), sharded.to_local().shape  # half of [256, 128]
     assert not isinstance(whole, DTensor) and is_nf4(whole), type(whole)
     assert isinstance(block.attn.q_proj.lora_a.weight, DTensor)
-    mine = slice(info.rank, info.rank + 1)
-    losses, norms = train(model, batches(), local=lambda b: {k: v[mine] for k, v in b.items()}, scale=2.0)
+    dp_rank, cp_rank = dims.dp_rank(info.rank), mesh["cp"].get_local_rank()
+    rows = data[0]["tokens"].shape[0] // dims.dp
+    mine = slice(dp_rank * rows, (dp_rank + 1) * rows)
+
+    def local(b):
+        b = {k: v[mine] for k, v in b.items()}
+        return split_batch(b, dims.cp, cp_rank, pad_id=0) if dims.cp > 1 else b
+
+    losses, norms = train(model, data, local=local, scale=float(dims.dp * dims.cp))
     compare(kind, ref_model.state_dict(), full_state(model), losses, ref_losses, norms, ref_norms)
     return {"losses": losses, "ref_losses": ref_losses}
 
@@ -329,7 +345,7 @@ def run_tp_cp(info, kind: str):
     return {"losses": losses, "ref_losses": ref_losses}
 
 
-FOUR_RANKS = {"tpcp", "cphsdp", "cpfsdp"}
+FOUR_RANKS = {"tpcp", "cphsdp", "cpfsdp", "qlorahsdp", "qloracp"}
 MODES = {
     "tp": run_tp,
     "tied": run_tp,
@@ -342,6 +358,8 @@ MODES = {
     "cpfsdp": run_cp,
     "hsdp": run_hsdp,
     "qlorafsdp": run_qlora_fsdp,
+    "qlorahsdp": run_qlora_fsdp,
+    "qloracp": run_qlora_fsdp,
     "tpresume": run_resume,
     "cpresume": run_resume,
     "tpcp": run_tp_cp,

@@ -64,3 +64,9 @@ def test_cp_with_hsdp_and_with_fsdp_on_four_ranks_equal_one_rank():
 @pytest.mark.distributed
 def test_resume_under_tp_and_under_cp_equals_the_uninterrupted_run():
     _torchrun("tpresume", "cpresume")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # the same FSDP2 shard path as qlorafsdp (default suite), on other meshes
+def test_qlora_under_hsdp_and_under_cp_on_four_ranks_equal_one_rank():
+    _torchrun("qlorahsdp", "qloracp", nproc=4)
