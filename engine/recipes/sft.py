@@ -91,8 +91,7 @@ def _qlora_problems(cfg: dict, nproc: int) -> list[ConfigProblem]:
     node = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     preset = str(node.get("_component_", "")).rsplit(".", 1)[-1].startswith("qlora_")
     nf4 = node.get("quantize_base", preset) is True
-    tp = cfg.get("tensor_parallel_dim", 1)
-    if nproc > 1 and nf4 and tp not in (1, nproc):
+    if nproc > 1 and nf4 and (tp := cfg["tensor_parallel_dim"]) not in (1, nproc):
         return [
             ConfigProblem(
                 "tensor_parallel_dim",
