@@ -64,7 +64,9 @@ def padded_collate_dpo(
     """Collate preference pairs.
 
     Returns ``chosen_tokens``, ``chosen_labels``, ``rejected_tokens``, ``rejected_labels``,
-    ``chosen_position_ids``, ``rejected_position_ids`` and ``source_ids`` (per pair, ``[B]``).
+    ``chosen_position_ids``, ``rejected_position_ids``, ``chosen_attention_mask`` and
+    ``rejected_attention_mask`` (bool, True on each sequence's own tokens, False on its padding; what
+    the MoE load-balancing loss counts) and ``source_ids`` (per pair, ``[B]``).
     Chosen and rejected are padded to ONE common length S, so each is ``[B, S]`` and the
     concatenated layout a DPO recipe runs in one forward pass is simply
     ``torch.cat([chosen_tokens, rejected_tokens])`` -> ``[2B, S]`` (rows 0..B-1 chosen, B..2B-1 rejected).
@@ -80,6 +82,9 @@ def padded_collate_dpo(
     pos = torch.arange(S, dtype=torch.long).unsqueeze(0).expand(B, S).clone()
     out["chosen_position_ids"] = pos
     out["rejected_position_ids"] = pos.clone()
+    for side in ("chosen", "rejected"):
+        lengths = torch.tensor([len(s[f"{side}_tokens"]) for s in batch])
+        out[f"{side}_attention_mask"] = pos < lengths[:, None]  # [B, S]
     out["source_ids"] = torch.tensor([int(s.get("source_id", 0)) for s in batch], dtype=torch.long)
     return out
 

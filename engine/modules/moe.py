@@ -350,12 +350,13 @@ class GroupedExperts(nn.Module):
 
 @dataclass
 class RouterStats:
-    """One forward's routing figures for the auxiliary losses (fp32)."""
+    """One forward's routing, per token, for the auxiliary losses (`moe_aux_loss` sums it over the
+    tokens a mask keeps). Holds `probs [T,E]` per layer: the tensor autograd keeps for the softmax's
+    backward anyway, and what transformers keeps as `router_logits` for its own loss."""
 
-    counts: torch.Tensor  # [E] top-k assignments per expert (no gradient)
-    prob_sum: torch.Tensor  # [E] router probabilities summed over tokens
-    tokens: int
-    z_sum: torch.Tensor  # [] sum over tokens of logsumexp(logits)^2
+    probs: torch.Tensor  # [T,E] fp32 router probabilities (with gradient)
+    experts: torch.Tensor  # [T,k] long, the top-k experts of each token (no gradient)
+    z: torch.Tensor  # [T] logsumexp(logits)^2 (with gradient)
 
 
 class MoE(nn.Module):
@@ -385,13 +386,8 @@ class MoE(nn.Module):
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        with torch.no_grad():
-            counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).float()
         self.stats = RouterStats(
-            counts=counts,
-            prob_sum=probs.sum(dim=0),
-            tokens=x.shape[0],
-            z_sum=torch.logsumexp(logits.float(), dim=-1).pow(2).sum(),
+            probs=probs, experts=experts.detach(), z=torch.logsumexp(logits.float(), dim=-1).pow(2)
         )
         return logits, weights.to(x.dtype), experts
 
@@ -428,35 +424,73 @@ def _pool(t: torch.Tensor) -> torch.Tensor:
     return all_reduce(t, op=dist.ReduceOp.SUM)
 
 
-def moe_aux_loss(model: nn.Module, *, pooled: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _token_weights(mask: torch.Tensor | None, tokens: int, device: torch.device) -> torch.Tensor | None:
+    """`mask [B,S]` (True / 1 on real tokens) flattened to `[T]` fp32, as the routers flattened `x`."""
+    if mask is None:
+        return None
+    if mask.numel() != tokens:
+        raise ValueError(
+            f"mask has {mask.numel()} entries for {tokens} routed tokens; pass the [B,S] attention mask "
+            "of the batch the model last ran on"
+        )
+    return mask.reshape(-1).to(device=device, dtype=torch.float32)
+
+
+def moe_aux_loss(
+    model: nn.Module, *, mask: torch.Tensor | None = None, pooled: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(load_balancing_loss, z_loss)` of the model's last forward, or None for a dense model.
 
     Load balancing as transformers' `load_balancing_loss_func` (Switch Transformer, eqs. 4-6, with
     counts and probabilities pooled over all layers): `E * sum_e f_e * P_e`, where `f_e` is the top-k
     assignments of expert e per routed row and `P_e` its mean router probability. The z-loss is the
-    mean over layers and tokens of `logsumexp(logits)^2` (ST-MoE). `pooled`: the figures are summed
-    over all ranks first (autograd-aware), so N ranks with a batch each get the loss of one rank with
-    all N batches. Unweighted: see `weighted_aux_loss`.
+    mean over layers and tokens of `logsumexp(logits)^2` (ST-MoE). `mask` (`[B,S]`, True on real
+    tokens: transformers' `attention_mask`) leaves padding out of the counts, the probabilities, the
+    z-loss and the number of rows, as transformers does when given one; None counts every position.
+    `pooled`: the figures are summed over all ranks first (autograd-aware), so N ranks with a batch
+    each get the loss of one rank with all N batches. Unweighted: see `weighted_aux_loss`.
+    Raises ValueError for a mask whose size is not the routed token count.
     """
     layers = moe_layers(model)
     if not layers or any(m.stats is None for m in layers):
         return None
-    counts = torch.stack([m.stats.counts for m in layers]).sum(0)  # [E]
-    probs = torch.stack([m.stats.prob_sum for m in layers]).sum(0)  # [E]
-    z = torch.stack([m.stats.z_sum for m in layers]).sum()
-    rows = torch.tensor(float(sum(m.stats.tokens for m in layers)), device=counts.device)
+    num_experts = layers[0].num_experts
+    device = layers[0].stats.probs.device
+    counts = torch.zeros(num_experts, dtype=torch.float32, device=device)  # [E] top-k assignments
+    probs = torch.zeros(num_experts, dtype=torch.float32, device=device)  # [E] summed probabilities
+    z = torch.zeros((), dtype=torch.float32, device=device)
+    rows = torch.zeros((), dtype=torch.float32, device=device)
+    for m in layers:
+        s = m.stats
+        w = _token_weights(mask, s.probs.shape[0], device)  # [T] or None
+        flat = s.experts.reshape(-1)  # [T*k]
+        if w is None:
+            counts = counts + torch.bincount(flat, minlength=num_experts).float()
+            probs = probs + s.probs.sum(dim=0)
+            z = z + s.z.sum()
+            rows = rows + s.probs.shape[0]
+        else:
+            per_slot = w.repeat_interleave(s.experts.shape[1])  # [T*k]: each token's k choices
+            counts = counts + torch.zeros_like(counts).scatter_add_(0, flat, per_slot)
+            probs = probs + (s.probs * w[:, None]).sum(dim=0)
+            z = z + (s.z * w).sum()
+            rows = rows + w.sum()
     if pooled:
         packed = _pool(torch.cat([counts, probs, z[None], rows[None]]))
         e = counts.shape[0]
         counts, probs, z, rows = packed[:e], packed[e : 2 * e], packed[2 * e], packed[2 * e + 1]
-    balance = layers[0].num_experts * ((counts / rows) * (probs / rows)).sum()
+    rows = rows.clamp(min=1.0)  # an all-padding batch: zero, not nan
+    balance = num_experts * ((counts / rows) * (probs / rows)).sum()
     return balance, z / rows
 
 
-def weighted_aux_loss(model: nn.Module, *, pooled: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+def weighted_aux_loss(
+    model: nn.Module, *, mask: torch.Tensor | None = None, pooled: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(router_aux_loss_coef * balance + router_z_loss_coef * z, balance detached)` of the last
-    forward, or None for a dense model (`pooled` as in `moe_aux_loss`)."""
-    losses = moe_aux_loss(model, pooled=pooled)
+    forward, or None for a dense model (`mask`, `pooled` as in `moe_aux_loss`). The coefficients are
+    the model config's (`MoESettings`, from `router_aux_loss_coef` / `router_z_loss_coef`)."""
+    losses = moe_aux_loss(model, mask=mask, pooled=pooled)
     if losses is None:
         return None
     settings = moe_layers(model)[0].settings

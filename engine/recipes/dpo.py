@@ -17,7 +17,9 @@ its labelled completions as they are (`[B,S]`, a `desirable [B]` mask); only KTO
 Logged per step: `loss`, `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy`
 (fraction of pairs whose chosen reward exceeds the rejected one; unpaired data: of the micro-batch's
 (desirable, undesirable) couples whose desirable reward is higher), `logps/chosen`, `logps/rejected`,
-`lr`, `grad_norm`, `tokens_per_sec`, memory. Exit codes as in SFT: 0 done or stopped by SIGTERM
+`lr`, `grad_norm`, `tokens_per_sec`, memory. An MoE policy trains on `loss + router_aux_loss_coef *
+load balancing` over both sequences' real tokens and logs the load-balancing loss as `loss/aux`.
+Exit codes as in SFT: 0 done or stopped by SIGTERM
 (checkpoint first), 1 NaN loss, 2 bad config (one line).
 """
 
@@ -48,6 +50,7 @@ from engine.training.model_setup import (
     reference_context,
 )
 from engine.training.optimizer_setup import build_optimizer
+from engine.training.router_aux import RouterAuxLoss
 from engine.training.runtime import parse_dtype, pick_device, set_seed
 from engine.training.stop_flag import StopFlag
 
@@ -159,6 +162,7 @@ class DPORecipe:
         self.tokenizer = build_tokenizer(cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
+        self.router_aux = RouterAuxLoss(self.model)  # MoE policy: load balancing joins the loss
         self.optimizer, self.lr_scheduler = build_optimizer(
             self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
         )
@@ -260,12 +264,17 @@ class DPORecipe:
         losses, rewards, z0 = self.loss_fn(logps, ref_logps, desirable, kl_policy, kl_ref)
         return losses, rewards[:B], rewards[B:], {"kl": float(z0)}
 
-    def _micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """`(losses, stats [11], kl)` of one micro-batch; stats as `train` sums them."""
+    def _micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | float]:
+        """`(losses, stats [11], kl, aux)` of one micro-batch; stats as `train` sums them, `aux` the MoE
+        policy's weighted auxiliary loss (0 for a dense one) to add to the mean loss."""
         if self.unpaired:
             return self._unpaired_micro_batch(batch)
         B = batch["chosen_tokens"].shape[0]
         logps = self._sequence_logps(self.model, batch)  # [2B]
+        # the routers of this forward, before the reference (for LoRA the same module) runs
+        aux = self.router_aux.term(
+            torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+        )
         losses, r_c, r_r, extra = self._losses(batch, logps, B)
         # per pair (DPO, ORPO, SimPO: [B]) or per example (KTO: [2B]); equal counts per micro-batch
         stats = torch.stack([
@@ -274,14 +283,17 @@ class DPORecipe:
             (batch["chosen_labels"] != -100).sum() + (batch["rejected_labels"] != -100).sum(),
             torch.tensor(float(B)), torch.tensor(float(B)), torch.tensor(float(B)),
         ]).double()  # fmt: skip
-        return losses, stats, extra.get("kl", 0.0)
+        return losses, stats, extra.get("kl", 0.0), aux
 
-    def _unpaired_micro_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def _unpaired_micro_batch(
+        self, batch: dict
+    ) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | float]:
         """KTO on labelled completions: `tokens`/`labels [N,S]`, `desirable [N]`."""
         from engine.modules.loss.kto_loss import mismatched_pairs
 
         tokens, labels, good = batch["tokens"], batch["labels"], batch["desirable"]
         logps = token_logprobs(self.model, tokens, labels, position_ids=batch["position_ids"]).sum(1)  # [N]
+        aux = self.router_aux.term(batch["source_ids"] >= 0)  # padding has source id -1
         ref_model, ctx = reference_context(self.model, self.reference)
         kl_tokens, kl_labels = mismatched_pairs(tokens, labels, self.tokenizer.pad_id)
         with torch.no_grad():
@@ -299,7 +311,7 @@ class DPORecipe:
             (r_c[:, None] > r_r[None, :]).sum(), lp[good].sum(), lp[~good].sum(), (labels != -100).sum(),
             good.sum(), (~good).sum(), torch.tensor(float(r_c.numel() * r_r.numel())),
         ]).double()  # fmt: skip
-        return losses, stats, float(z0)
+        return losses, stats, float(z0), aux
 
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
@@ -322,8 +334,8 @@ class DPORecipe:
                 if step_in_epoch >= self.steps_per_epoch:
                     break
                 batch = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
-                losses, micro_stats, kl = self._micro_batch(batch)
-                (losses.mean() / self.accum).backward()
+                losses, micro_stats, kl, aux = self._micro_batch(batch)
+                ((losses.mean() + aux) / self.accum).backward()
                 kl_sum += kl
                 stats += micro_stats.to(stats.device)
                 self.batches_in_epoch += 1
@@ -368,6 +380,7 @@ class DPORecipe:
                 }
                 if isinstance(self.loss_fn, KTOLoss):
                     metrics["kl"] = kl_sum / self.accum
+                metrics.update(self.router_aux.metrics())  # MoE: `loss/aux`, the mean load-balancing loss
                 kl_sum = 0.0
                 # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
                 for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():

@@ -11,7 +11,8 @@ minibatches of `minibatch_size` completions, one optimizer step each (GRPOLoss: 
 The reference is a frozen copy of the starting model, or the policy with adapters disabled (LoRA).
 
 Logged per step: `reward/mean`, `reward/std`, `rewards/<name>`, `kl`, `clip_fraction`, `ratio`,
-`completion_length`, `loss`, `lr`, `grad_norm`, `rollout_tokens_per_sec` (completion tokens per second
+`completion_length`, `loss`, `loss/aux` (an MoE policy's load-balancing loss, added to the objective
+with `router_aux_loss_coef`, padding left out), `lr`, `grad_norm`, `rollout_tokens_per_sec` (completion tokens per second
 of generation), `tokens_per_sec` (prompt + completion tokens of the step's sequences per second of the
 whole step: generation, scoring and every PPO pass; the progress line's figure), `step_time`; the first
 `num_samples_to_log` completions of every step go to `output_dir/samples.jsonl`. One process (the

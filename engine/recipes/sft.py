@@ -450,7 +450,11 @@ class SFTRecipe:
                     step_tokens = all_reduce_sum(loss_tokens.detach().double().clone()) / self.tp
                 loss_sum, per_token = self._token_losses(batch)
                 stats[0] += loss_sum.detach().double()  # the cross-entropy alone: `loss`
-                aux = weighted_aux_loss(self.model, pooled=self.world_size > 1) if self.is_moe else None
+                aux = None
+                if self.is_moe:  # padding (source id -1) left out, as transformers' attention_mask does
+                    sources = batch.get("source_ids")
+                    real = None if sources is None else sources >= 0
+                    aux = weighted_aux_loss(self.model, mask=real, pooled=self.world_size > 1)
                 if aux is not None:
                     # Weighted by this micro-batch's loss tokens: the step's gradient scaling then
                     # turns it into coef x aux (router figures pooled over ranks: see engine.modules.moe).

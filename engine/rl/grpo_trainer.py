@@ -18,10 +18,11 @@ from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
 from engine.recipes._entry import LossIsNaN
 from engine.recipes._fields import shared, shared_fields
-from engine.rl.rollout import Rollout, generate_and_score, rollout_batch
+from engine.rl.rollout import Rollout, generate_and_score, rollout_attention_mask, rollout_batch
 from engine.training.distributed import rank_world
 from engine.training.model_setup import build_model, build_tokenizer, check_vocab
 from engine.training.optimizer_setup import build_optimizer
+from engine.training.router_aux import RouterAuxLoss
 from engine.training.runtime import parse_dtype, pick_device, set_seed
 from engine.training.stop_flag import StopFlag
 
@@ -228,6 +229,7 @@ class GRPOTrainer:
         self.optimizer, self.lr_scheduler = build_optimizer(
             self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=opt_steps
         )
+        self.router_aux = RouterAuxLoss(self.model)  # MoE policy: load balancing joins the loss
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
         self._maybe_resume()
         self.stop.install()
@@ -285,7 +287,8 @@ class GRPOTrainer:
 
         adv = group_advantages(ro.rewards, self.group_size, scale_by_std=bool(self.cfg["scale_rewards"]))
         tokens, labels, mask = rollout_batch(ro.prompts, ro.completions, self.tokenizer.pad_id)
-        tokens, labels, mask, adv = (t.to(self.device) for t in (tokens, labels, mask, adv))
+        real = rollout_attention_mask(ro.prompts, ro.completions, tokens.shape[1])  # [R,L]: not padding
+        tokens, labels, mask, adv, real = (t.to(self.device) for t in (tokens, labels, mask, adv, real))
         lp = {"temperature": self.temperature}
         with torch.no_grad():
             old = token_logprobs(self.model, tokens, labels, **lp)  # [R,L]
@@ -303,12 +306,13 @@ class GRPOTrainer:
             for s in range(0, R, self.minibatch_size):
                 idx = order[s : s + self.minibatch_size].to(self.device)
                 logps = token_logprobs(self.model, tokens[idx], labels[idx], **lp)
+                aux = self.router_aux.term(real[idx])  # MoE: over the prompt and completion tokens
                 loss, stats = self.loss_fn(
                     logps, old[idx], adv[idx], mask[idx], None if ref is None else ref[idx]
                 )
                 if not math.isfinite(loss.item()):
                     raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
-                loss.backward()
+                (loss + aux).backward()
                 gn = clip_grad_norm(
                     self.model.parameters(), float(self.clip_grad_norm) if self.clip_grad_norm else None
                 )
@@ -322,7 +326,7 @@ class GRPOTrainer:
                 for k in ("kl", "clip_fraction", "ratio"):
                     sums[k] += float(stats[k])
                 n += 1
-        return {k: v / n for k, v in sums.items()}
+        return {**{k: v / n for k, v in sums.items()}, **self.router_aux.metrics()}
 
     def _log_samples(self, ro: Rollout) -> None:
         k = int(self.cfg["num_samples_to_log"])

@@ -97,3 +97,13 @@ def rollout_batch(prompts: list[list[int]], completions: list[list[int]], pad_id
         if c:
             labels[r, len(p) - 1 : len(row) - 1] = torch.tensor(list(c))
     return tokens, labels, labels != -100
+
+
+def rollout_attention_mask(
+    prompts: list[list[int]], completions: list[list[int]], length: int
+) -> torch.Tensor:
+    """`[R, length]` bool, True on row r's prompt and completion tokens and False on the right padding
+    `rollout_batch` adds (transformers' `attention_mask` of those rows; a sampled token equal to the pad
+    id is still a token)."""
+    lengths = torch.tensor([len(p) + len(c) for p, c in zip(prompts, completions, strict=True)])
+    return torch.arange(length)[None, :] < lengths[:, None]

@@ -49,7 +49,8 @@ class DigitPreferencePairs(Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def lengths(self) -> list[int]:
+    @property
+    def lengths(self) -> list[int]:  # a property, as engine.data's datasets (mixes read it)
         return [max(len(c[0]), len(r[0])) for c, r in self._rows]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -106,7 +107,8 @@ class DigitUnpaired(Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def lengths(self) -> list[int]:
+    @property
+    def lengths(self) -> list[int]:  # a property, as engine.data's datasets (mixes read it)
         return [len(t) for (t, _), _ in self._rows]
 
     def __getitem__(self, i: int) -> dict[str, Any]:

@@ -111,6 +111,9 @@ def test_dpo_collate_concat_layout():
     both = torch.cat([b["chosen_tokens"], b["rejected_tokens"]])  # [2B, S]
     assert both[3].tolist() == [1, 6, 7, 8] and b["rejected_labels"][0].tolist() == [4, -100, -100, -100]
     assert b["source_ids"].tolist() == [0, 1]
+    # True on each sequence's own tokens (the MoE load-balancing loss leaves the rest out)
+    assert b["chosen_attention_mask"][1].tolist() == [True, True, False, False]
+    assert b["rejected_attention_mask"][1].tolist() == [True, True, True, True]
 
 
 def _per_token_loss(logits, labels):

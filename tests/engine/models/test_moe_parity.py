@@ -183,3 +183,43 @@ def test_greedy_generation_with_kv_cache_equals_transformers(family, tmp_path):
             torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
         )[0, len(prompt) :]
         assert completion == expected.tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_aux_loss_leaves_padding_out_as_transformers_does(family, tmp_path):
+    """A right-padded batch with its attention mask: our load-balancing loss equals transformers'
+    `load_balancing_loss_func` given the same mask, both on our routers' own probabilities (<= 1e-6)
+    and on the transformers model's router logits (<= 1e-5); unmasked, the padding would count."""
+    import importlib
+
+    reference = hf_model(family)
+    reference.save_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src")
+    tokens = _tokens(5, shape=(3, 12))
+    lengths = [12, 7, 3]
+    mask = torch.arange(12)[None, :] < torch.tensor(lengths)[:, None]  # [3,12]
+    tokens = tokens.masked_fill(~mask, 0)  # pad id 0 after each row's end
+    func = importlib.import_module(f"transformers.models.{family}.modeling_{family}").load_balancing_loss_func
+    config = reference.config
+    n_experts = config.num_experts if family == "qwen3_moe" else config.num_local_experts
+    with torch.no_grad():
+        expected = reference(tokens, attention_mask=mask.long(), output_router_logits=True)
+        ours(tokens)
+    balance, _ = moe_aux_loss(ours, mask=mask)
+    # transformers' function on our routers' probabilities (softmax(log p) = p): the same routing
+    from engine.modules.moe import moe_layers
+
+    gate_logits = tuple(m.stats.probs.log() for m in moe_layers(ours))
+    hf_on_ours = func(gate_logits, n_experts, config.num_experts_per_tok, mask.long())
+    torch.testing.assert_close(balance, hf_on_ours.float(), atol=1e-6, rtol=0)
+    # ... and on transformers' own forward (padding attends differently there; it is masked out)
+    torch.testing.assert_close(balance, expected.aux_loss.float(), atol=ATOL, rtol=0)
+    unmasked, _ = moe_aux_loss(ours)
+    assert abs(unmasked.item() - balance.item()) > 1e-3  # the mask matters on this batch
+    # the z-loss leaves padding out too: the mean over real tokens of logsumexp(logits)^2
+    _, z = moe_aux_loss(ours, mask=mask)
+    z_ref = torch.stack([torch.logsumexp(lg.float(), -1).pow(2)[mask.reshape(-1)].mean()
+                         for lg in expected.router_logits]).mean()  # fmt: skip
+    torch.testing.assert_close(z, z_ref, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="mask has 12 entries"):
+        moe_aux_loss(ours, mask=mask[:1])

@@ -62,7 +62,7 @@ def test_unpaired_kto_loss_matches_the_paper_by_hand(tmp_path):
     bad = [i for i in range(len(ds)) if not ds[i]["desirable"]][:2]
     samples = [ds[i] for i in good[:2] + bad + good[2:]]  # mixed labels: D D U U D
     batch = padded_collate_unpaired(samples, pad_id=recipe.tokenizer.pad_id)
-    losses, stats, z0 = recipe._unpaired_micro_batch(batch)
+    losses, stats, z0, _ = recipe._unpaired_micro_batch(batch)
 
     # split each row by hand: the completion is where labels are set (labels[t] = tokens[t+1])
     parts = []

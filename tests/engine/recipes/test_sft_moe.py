@@ -32,7 +32,8 @@ def _one_thread():
 
 def test_one_step_equals_cross_entropy_plus_weighted_aux_losses(shared_assets, tmp_path):
     """One SGD step (lr 1) of the recipe moves every weight by the gradient of
-    `mean token CE + 0.5 * load balancing + 0.01 * z-loss` computed here by hand on the same batch."""
+    `mean token CE + 0.5 * load balancing + 0.01 * z-loss` computed here by hand on the same batch
+    (the auxiliary losses over its real tokens only)."""
     from engine.modules.moe import moe_aux_loss
     from engine.recipes.sft import SFTRecipe, check_config
 
@@ -40,6 +41,7 @@ def test_one_step_equals_cross_entropy_plus_weighted_aux_losses(shared_assets, t
         shared_assets, tmp_path / "run", model=dict(MOE), max_steps_per_epoch=1, batch_size=2,
         optimizer={"_component_": "torch.optim.SGD", "lr": 1.0}, lr_scheduler=None,
     )  # fmt: skip
+    cfg["dataset"]["max_seq_len"] = 160  # rows of their own lengths (48 truncates them all alike): padding
     check_config(cfg)
     recipe = SFTRecipe(cfg)
     recipe.setup()
@@ -56,7 +58,9 @@ def test_one_step_equals_cross_entropy_plus_weighted_aux_losses(shared_assets, t
     logits = reference(batch["tokens"], **kwargs)
     labels = batch["labels"]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-    balance, z = moe_aux_loss(reference)
+    real = batch["source_ids"] >= 0  # the padding's routing is left out, as transformers does
+    assert not real.all()  # rows of different lengths: there is padding to leave out
+    balance, z = moe_aux_loss(reference, mask=real)
     (ce + 0.5 * balance + 0.01 * z).backward()
     assert recipe.loss_history and abs(recipe.loss_history[0] - ce.item()) < 1e-5  # `loss` is the CE
     trained = dict(recipe.model.named_parameters())
