@@ -37,9 +37,17 @@ def _export_dtype(model_dir: Path | None, dtype: torch.dtype) -> torch.dtype | N
 
 
 def write_model_folder(
-    model: nn.Module, node: dict, folder: Path, *, is_lora: bool, model_dir: Path | None, dtype: torch.dtype
+    model: nn.Module,
+    node: dict,
+    folder: Path,
+    *,
+    is_lora: bool,
+    model_dir: Path | None,
+    dtype: torch.dtype,
+    config_updates: dict | None = None,
 ) -> None:
-    """Fill a checkpoint's `model/` folder: PEFT adapters for LoRA, a Hugging Face model folder otherwise."""
+    """Fill a checkpoint's `model/` folder: PEFT adapters for LoRA, a Hugging Face model folder otherwise
+    (`config_updates`: fields set in its `config.json`, see `save_pretrained`)."""
     from engine.checkpoint import save_pretrained
     from engine.checkpoint.peft import save_adapters
 
@@ -49,7 +57,13 @@ def write_model_folder(
     if is_lora:
         save_adapters(model, folder, base_model_dir=model_dir)
     else:
-        save_pretrained(model, folder, like=model_dir, dtype=_export_dtype(model_dir, dtype))
+        save_pretrained(
+            model,
+            folder,
+            like=model_dir,
+            dtype=_export_dtype(model_dir, dtype),
+            config_updates=config_updates,
+        )
 
 
 def write_merged_model(

@@ -320,6 +320,7 @@ def save_pretrained(
     *,
     like: str | os.PathLike | None = None,
     dtype: torch.dtype | None = None,
+    config_updates: dict | None = None,
 ) -> Path:
     """Write `model` as a Hugging Face folder that transformers/vLLM load unchanged.
 
@@ -329,6 +330,8 @@ def save_pretrained(
         like: source HF folder whose key names, per-key dtypes, shard files, index, config and
             tokenizer files are reproduced. Without it: one `model.safetensors` in `dtype` (default the
             model's) and a `config.json` derived from the model.
+        config_updates: fields set in the written `config.json` either way (a reward model's
+            `pad_token_id`, which `*ForSequenceClassification` needs to find each row's last token).
     Returns `out_dir`. Files appear atomically (written to a temporary folder, then moved).
     Raises CheckpointError when the model and `like` have different keys or shapes.
     """
@@ -366,6 +369,9 @@ def save_pretrained(
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
             _write_safetensors(state, staging / SINGLE_NAME, {"format": "pt"})
             (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if config_updates:
+            written = json.loads((staging / "config.json").read_text())
+            (staging / "config.json").write_text(json.dumps({**written, **config_updates}, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_NAME]:
             if stale.exists() and not (staging / stale.name).exists():

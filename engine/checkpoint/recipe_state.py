@@ -303,7 +303,13 @@ _AS_RECIPE = object()
 
 
 def save_training_checkpoint(
-    recipe: Any, state: dict, *, trained: Any = None, is_lora: Any = _AS_RECIPE, model_dir: Any = _AS_RECIPE
+    recipe: Any,
+    state: dict,
+    *,
+    trained: Any = None,
+    is_lora: Any = _AS_RECIPE,
+    model_dir: Any = _AS_RECIPE,
+    config_updates: dict | None = None,
 ) -> Path:
     """`output_dir/checkpoints/step_<N>/` of a training recipe, atomically: its `model/` folder (PEFT
     adapters or a Hugging Face folder, `engine.checkpoint.export.write_model_folder`), the optimizer,
@@ -312,7 +318,8 @@ def save_training_checkpoint(
     `recipe` is any training recipe: it has `output_dir`, `global_step`, `model`, `optimizer`,
     `lr_scheduler`, `cfg["model"]`, `is_lora`, `model_dir`, `dtype`, `keep_last` and `logger`.
     `trained`: the module whose weights and optimizer state resume needs when it is more than `model`
-    (PPO: policy and value model); `is_lora` / `model_dir`: the export's, when not the recipe's.
+    (PPO: policy and value model); `is_lora` / `model_dir`: the export's, when not the recipe's;
+    `config_updates`: fields set in an exported Hugging Face folder's `config.json`.
     """
     from functools import partial
 
@@ -326,7 +333,7 @@ def save_training_checkpoint(
         recipe_state={**state, "lr_scheduler": scheduler.state_dict() if scheduler is not None else None},
         keep_last=recipe.keep_last,
         write_model=partial(write_model_folder, recipe.model, recipe.cfg["model"], is_lora=is_lora,
-                            model_dir=model_dir, dtype=recipe.dtype),
+                            model_dir=model_dir, dtype=recipe.dtype, config_updates=config_updates),
     )  # fmt: skip
     recipe.logger.event(recipe.global_step, "checkpoint", str(path))
     return path

@@ -57,13 +57,14 @@ def _dataset_sources(node: Any, where: str):
 
 def check_local_paths(cfg: dict) -> None:
     """Refuse a missing local file the run would only open later, before any model is built or loaded:
-    dataset sources (also of `validation.dataset` and mixes), `tokenizer.path`, `checkpoint_dir` and
-    `teacher_checkpoint_dir`. (Not in `validate`: built-in configs name models not downloaded yet.)
+    dataset sources (also of `validation.dataset` and mixes), `tokenizer.path`, `checkpoint_dir`,
+    `teacher_checkpoint_dir` (KD) and `reward_checkpoint_dir` / `value_checkpoint_dir` (PPO), each named
+    as itself. (Not in `validate`: built-in configs name models not downloaded yet.)
 
     Raises:
         ConfigError: naming the field and the path, and what to change.
     """
-    for key in ("checkpoint_dir", "teacher_checkpoint_dir"):
+    for key in ("checkpoint_dir", "teacher_checkpoint_dir", "reward_checkpoint_dir", "value_checkpoint_dir"):
         if isinstance(cfg.get(key), str) and cfg[key] != "demo":  # demo: made on first use, by the recipe
             resolve_model_dir(cfg[key], field=key)
     validation = cfg.get("validation")

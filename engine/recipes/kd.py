@@ -9,7 +9,9 @@ projects both to the vocabulary a chunk of tokens at a time: `(1 - kd_ratio) * C
 (forward, reverse or symmetric), never holding either model's `[B,S,V]` logits. The student is full
 or LoRA (a `lora_*` builder). The step's loss is the token mean over all its micro-batches.
 
-Logged per step: `loss`, `loss/kd` (the KL term), `loss/ce`, `lr`, `grad_norm`, `tokens_per_sec`, memory. One process.
+Logged per step: `loss`, `loss/kd` (the KL term), `loss/ce`, `lr`, `grad_norm`, `tokens_per_sec`, memory.
+An MoE student trains on `loss + router_aux_loss_coef * load balancing` (padding left out; plus the
+z-loss when configured) and logs the load-balancing loss as `loss/aux`. One process.
 Exit codes as in SFT: 0 done or stopped by SIGTERM (checkpoint first), 1 NaN loss, 2 bad config.
 """
 
@@ -38,6 +40,7 @@ from engine.training.model_setup import (
     resolve_model_dir,
 )
 from engine.training.optimizer_setup import build_optimizer
+from engine.training.router_aux import RouterAuxLoss
 from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
 from engine.training.stop_flag import StopFlag
 
@@ -132,7 +135,7 @@ class KDRecipe:
         )  # fmt: skip
         self.teacher, _, _ = build_model(
             cfg["teacher_model"], cfg["teacher_checkpoint_dir"], trainable=False, seed=self.seed + 1,
-            field="teacher_model", **common,
+            field="teacher_model", dir_field="teacher_checkpoint_dir", **common,
         )  # fmt: skip
         vs, vt = self.model.output_weight.shape[0], self.teacher.output_weight.shape[0]
         if vs != vt:
@@ -168,6 +171,7 @@ class KDRecipe:
             self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
         )
         self.loss_fn = instantiate(cfg["loss"] or {"_component_": "engine.modules.loss.KDLoss"})
+        self.router_aux = RouterAuxLoss(self.model)  # MoE student: load balancing joins the loss
         self._maybe_resume()
         self.stop.install()
 
@@ -222,7 +226,9 @@ class KDRecipe:
                 sums = [0.0, 0.0, 0.0]
                 for b, n in zip(pending, counts, strict=True):
                     loss, kd, ce = self.losses(b)
-                    (loss * (n / total)).backward()
+                    # MoE student: its routers over the real tokens (padding has source id -1)
+                    aux = self.router_aux.term(b["source_ids"] >= 0, weight=n / total)
+                    ((loss + aux) * (n / total)).backward()
                     sums = [sums[0] + loss.item() * n, sums[1] + kd.item() * n, sums[2] + ce.item() * n]
                 step_tokens = sum(b["tokens"].numel() for b in pending)
                 pending = []
@@ -245,7 +251,7 @@ class KDRecipe:
                 metrics = {
                     "loss": step_loss, "loss/kd": sums[1] / total, "loss/ce": sums[2] / total, "lr": float(lr),
                     "grad_norm": float(gn), "tokens_per_sec": step_tokens / max(time.perf_counter() - t0, 1e-9),
-                    "tokens_total": self.tokens_total, "epoch": self.epoch,
+                    "tokens_total": self.tokens_total, "epoch": self.epoch, **self.router_aux.metrics(),
                 }  # fmt: skip
                 log.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
                 self.history.append(metrics)

@@ -5,7 +5,7 @@
 
 One step: `batch_size` prompts x `num_samples` completions sampled with the policy
 (engine.generation, KV cache) -> sequence scores from the frozen reward model at each sequence's last
-token (`reward_model` + `reward_checkpoint_dir`) or from verifiable reward functions (`rewards`, as
+non-pad token (`reward_model` + `reward_checkpoint_dir`) or from verifiable reward functions (`rewards`, as
 GRPO's), minus `missing_eos_penalty` for completions cut at `max_new_tokens` -> per-token rewards
 `-kl_coeff * (logp - ref_logp)` with the score on the last token -> values from the value model ->
 GAE (`gamma`, `lam`) -> optional whitening -> `ppo_epochs` passes in minibatches of
@@ -20,6 +20,8 @@ the policy's with a fresh head) and the frozen reward model. The KL coefficient 
 Logged per step: `reward` (mean score), `reward/std`, `rewards/<name>`, `kl` (mean per-sequence
 KL to the reference), `kl_coeff`, `policy_loss`, `value_loss`, `clip_fraction`, `value_clip_fraction`,
 `approx_kl`, `entropy`, `response_length`, `missing_eos`, `loss`, `lr`, `grad_norm`,
+`loss/aux` / `loss/aux_value` (an MoE policy's / value model's load-balancing loss, added to the
+objective with its `router_aux_loss_coef`, padding left out),
 `rollout_tokens_per_sec`, `step_time`; the first `num_samples_to_log` completions go to
 `output_dir/samples.jsonl` and the first one also as a `sample` event. One process. Exit codes as in SFT.
 
@@ -46,6 +48,7 @@ from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_
 from engine.recipes._fields import shared, shared_fields
 from engine.training.distributed import rank_world
 from engine.training.model_setup import build_model, build_tokenizer, check_vocab
+from engine.training.router_aux import RouterAuxLoss
 from engine.training.runtime import parse_dtype, pick_device, set_seed
 from engine.training.stop_flag import StopFlag
 
@@ -74,6 +77,13 @@ def _reward_problems(cfg: dict) -> list[ConfigProblem]:
         out.append(ConfigProblem("reward_weights", f"{sorted(unknown)[0]!r} is not a reward name",
                                  f"use one of {sorted(cfg['rewards'] or {})}"))  # fmt: skip
     rows = cfg["batch_size"] * cfg["num_samples"]
+    horizon = cfg["kl_horizon"]
+    if cfg["kl_target"] is not None and isinstance(horizon, int) and isinstance(rows, int) and horizon < rows:
+        out.append(ConfigProblem(
+            "kl_horizon", f"{horizon} is shorter than one batch of rollouts (batch_size * num_samples = {rows}): "
+            f"each update would move kl_coeff by up to {20 * rows / horizon:.0f}% and overshoot the target",
+            f"use >= {rows}; Ziegler et al.'s gain K_beta = 0.1 is {10 * rows} here (10 batches)",
+        ))  # fmt: skip
     mb = cfg["minibatch_size"]
     if isinstance(mb, int) and isinstance(rows, int) and mb > 0 and rows % mb:
         out.append(ConfigProblem(
@@ -148,7 +158,8 @@ CONFIG_SCHEMA = Schema(
             float | None, None, "adaptive KL: steer the per-sequence KL to this (null: fixed)", above=0.0
         ),  # fmt: skip
         "kl_horizon": _POSITIVE.but(
-            default=10000, doc="adaptive KL horizon in rollouts (Ziegler et al.: 10000)"
+            default=10000,
+            doc="adaptive KL horizon in rollouts, >= batch_size * num_samples (Ziegler et al.: 10000)",
         ),
         "whiten_advantages": Field(bool, True, "normalise advantages over each batch (mean 0, std 1)"),
         "whiten_rewards": Field(bool, False, "scale per-token rewards to std 1 over each batch (mean kept)"),
@@ -304,6 +315,7 @@ class PPORecipe:
                 cfg["reward_checkpoint_dir"],
                 trainable=False,
                 field="reward_model",
+                dir_field="reward_checkpoint_dir",
                 **common,
             )
             if not isinstance(self.reward_model, ScoreDecoder) or getattr(
@@ -315,15 +327,18 @@ class PPORecipe:
                     "with the reward_model recipe, and use reward_model: {_component_: engine.models.reward.reward_model}",
                     field="reward_checkpoint_dir",
                 )
-        value_dir = (
-            cfg.get("value_checkpoint_dir") or cfg.get("reward_checkpoint_dir") or cfg.get("checkpoint_dir")
-        )
+        value_key = next(
+            (k for k in ("value_checkpoint_dir", "reward_checkpoint_dir", "checkpoint_dir") if cfg.get(k)),
+            "checkpoint_dir",
+        )  # the folder the value model starts from, and the key named if it is not one
+        value_dir = cfg.get(value_key)
         self.value_model, self.value_is_lora, _ = build_model(
             cfg["value_model"],
             value_dir,
             trainable=True,
             activation_checkpointing=ac,
             field="value_model",
+            dir_field=value_key,
             **common,
         )
         if not isinstance(self.value_model, ScoreDecoder):
@@ -361,6 +376,9 @@ class PPORecipe:
                 cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps * per_step
             )
         self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.PPOLoss"})
+        # MoE policy / value model: each one's load balancing joins the loss (engine.training.router_aux)
+        self.router_aux = RouterAuxLoss(self.model)
+        self.value_router_aux = RouterAuxLoss(self.value_model, name="loss/aux_value")
         kl_coeff, target = float(cfg["kl_coeff"]), cfg.get("kl_target")
         self.kl_ctl = (
             FixedKLController(kl_coeff)
@@ -404,8 +422,8 @@ class PPORecipe:
     def rollout(self, prompts: list[list[int]], answers: list[str]) -> dict:
         """Sample, score (reward model and/or verifiable rewards, EOS penalty) and tensorise one batch."""
         from engine.generation import generate
-        from engine.modules.score_decoder import sequence_scores
-        from engine.rl.rollout import rollout_batch, score
+        from engine.modules.score_decoder import last_non_pad_index, sequence_scores
+        from engine.rl.rollout import rollout_attention_mask, rollout_batch, score
 
         rep_prompts = [list(p) for p in prompts for _ in range(self.num_samples)]
         rep_answers = [a for a in answers for _ in range(self.num_samples)]
@@ -422,6 +440,7 @@ class PPORecipe:
         tokens, labels, mask = (
             t.to(self.device) for t in rollout_batch(rep_prompts, completions, self.tokenizer.pad_id)
         )
+        real = rollout_attention_mask(rep_prompts, completions, tokens.shape[1]).to(self.device)
         R = tokens.shape[0]
         scores = torch.zeros(R, device=self.device)
         per_reward: dict[str, torch.Tensor] = {}
@@ -432,8 +451,8 @@ class PPORecipe:
             scores += total.to(self.device)
         with torch.no_grad():
             if self.reward_model is not None:
-                last = torch.tensor([len(p) + len(c) - 1 for p, c in zip(rep_prompts, completions, strict=True)],
-                                    device=self.device)  # fmt: skip
+                # the last non-pad token, as the reward_model recipe trained it and transformers reads it
+                last = last_non_pad_index(tokens, self.tokenizer.pad_id)
                 rm = sequence_scores(self.reward_model(tokens), last)[:, 0].float()
                 per_reward["reward_model"] = rm.cpu()
                 scores += rm
@@ -442,12 +461,12 @@ class PPORecipe:
         if self.missing_eos_penalty is not None:
             scores = scores - float(self.missing_eos_penalty) * (~ended).float()
         return {"prompts": rep_prompts, "completions": completions, "texts": texts, "prompt_texts": prompt_texts,
-                "answers": rep_answers, "tokens": tokens, "labels": labels, "mask": mask, "scores": scores,
+                "answers": rep_answers, "tokens": tokens, "labels": labels, "mask": mask, "real": real, "scores": scores,
                 "raw_scores": raw, "per_reward": per_reward, "ended": ended, "gen_time": gen_time}  # fmt: skip
 
     def train_on(self, ro: dict) -> dict[str, float]:
         """Old/reference log-probs, values, KL-shaped rewards, GAE, then `ppo_epochs` x minibatch steps."""
-        from engine.rl.ppo_advantages import gae, kl_penalised_rewards, masked_mean, whiten
+        from engine.rl.ppo_advantages import gae, kl_penalised_rewards, masked_mean, mean_sequence_kl, whiten
         from engine.training import clip_grad_norm
         from engine.training.logprobs import token_logprobs
         from engine.training.model_setup import reference_context
@@ -484,13 +503,15 @@ class PPORecipe:
             for s in range(0, R, self.minibatch_size):
                 idx = order[s : s + self.minibatch_size].to(self.device)
                 logps = token_logprobs(self.model, tokens[idx], labels[idx], **lp)
+                aux = self.router_aux.term(ro["real"][idx])  # MoE: prompt + completion tokens
                 values = self.value_model(tokens[idx])[..., 0].float()
+                aux = aux + self.value_router_aux.term(ro["real"][idx])
                 loss, stats = self.loss_fn(
                     logps, old[idx], adv[idx], values, old_values[idx], returns[idx], mask[idx]
                 )
                 if not math.isfinite(loss.item()):
                     raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
-                loss.backward()
+                (loss + aux).backward()
                 gn = clip_grad_norm(params, float(self.clip_grad_norm) if self.clip_grad_norm else None)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -502,12 +523,14 @@ class PPORecipe:
                 for k in keys:
                     sums[k] += float(stats[k])
                 n += 1
-        seq_kl = float(kl.sum(1).mean())
-        out = {k: v / n for k, v in sums.items()}
+        seq_kl = mean_sequence_kl(kl)  # nats per sequence: kl_target's units
+        out = (
+            {k: v / n for k, v in sums.items()} | self.router_aux.metrics() | self.value_router_aux.metrics()
+        )
         out.update({"kl": seq_kl, "kl_coeff": self.kl_ctl.value, "entropy": float(entropy),
                     "value/mean": float(masked_mean(old_values, mask)),
                     "advantages/abs_mean": float(masked_mean(adv.abs(), mask))})  # fmt: skip
-        self.kl_ctl.update(seq_kl, R)
+        self.kl_ctl.update(seq_kl, R)  # n_steps = this batch's rollouts (kl_horizon counts rollouts)
         return out
 
     def _log_samples(self, ro: dict) -> None:

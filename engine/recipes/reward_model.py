@@ -3,8 +3,10 @@
     python -m engine.recipes.reward_model --config configs/demo/smollm2_135m_reward_model.yaml
 
 The model is a decoder with a scalar `score` head (`engine.models.reward.reward_model`); its reward
-for a sequence is the head's value at the last real token (the token whose shifted label is the last
-ignored one, i.e. the EOS / end of turn), as transformers' `*ForSequenceClassification` reads it.
+for a sequence is the head's value at its last non-pad token, as transformers'
+`*ForSequenceClassification` reads it (the EOS / end of turn, unless the tokenizer pads with that same
+token: then the token before it, as in transformers). The saved `config.json` carries the tokenizer's
+`pad_token_id`, which transformers needs for that on batches of several rows.
 Each micro-batch runs chosen and rejected responses in ONE `[2B,S]` forward and applies `loss`
 (`engine.modules.loss.BradleyTerryLoss`: `-log sigmoid(r_c - r_r - margin)`). With LoRA the adapters
 and the (fresh) head are trained; the head is always trained in full.
@@ -105,23 +107,15 @@ CONFIG_SCHEMA = Schema(
 )
 
 
-def last_token_index(labels: torch.Tensor) -> torch.Tensor:
-    """`[N]` position of each row's last real token from shifted labels `[N,S]`: one past the last
-    position that predicts a response token (the EOS itself has no target)."""
-    positions = torch.arange(labels.shape[1], device=labels.device)
-    last_target = (positions * (labels != -100).long()).argmax(-1)
-    return (last_target + 1).clamp(max=labels.shape[1] - 1)
-
-
-def pair_rewards(model, batch: dict) -> torch.Tensor:
-    """Rewards `[2B]` (chosen rows first) of one collated preference micro-batch."""
-    from engine.modules.score_decoder import sequence_scores
+def pair_rewards(model, batch: dict, pad_id: int) -> torch.Tensor:
+    """Rewards `[2B]` (chosen rows first) of one collated preference micro-batch: each row's score at
+    its last token that is not `pad_id` (`last_non_pad_index`, transformers' rule)."""
+    from engine.modules.score_decoder import last_non_pad_index, sequence_scores
 
     tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])  # [2B,S]
-    labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])
     positions = torch.cat([batch["chosen_position_ids"], batch["rejected_position_ids"]])
     scores = model(tokens, position_ids=positions)  # [2B,S,1]
-    return sequence_scores(scores, last_token_index(labels))[:, 0].float()
+    return sequence_scores(scores, last_non_pad_index(tokens, pad_id))[:, 0].float()
 
 
 class RewardModelRecipe:
@@ -254,7 +248,7 @@ class RewardModelRecipe:
     def _batch_stats(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """`(losses [B], stats [6])`: loss sum, pairs, correct, chosen sum, rejected sum, tokens."""
         B = batch["chosen_tokens"].shape[0]
-        rewards = pair_rewards(self.model, batch)
+        rewards = pair_rewards(self.model, batch, self.tokenizer.pad_id)
         r_c, r_r = rewards[:B], rewards[B:]
         losses = self.loss_fn(r_c, r_r)
         tokens = (batch["chosen_tokens"] != self.tokenizer.pad_id).sum() + (
@@ -392,7 +386,10 @@ class RewardModelRecipe:
             "batches_in_epoch": self.batches_in_epoch,
             "tokens_total": self.tokens_total,
         }
-        return save_training_checkpoint(self, state, is_lora=False, model_dir=like)
+        # transformers finds each row's last token by pad_token_id: a causal LM's config may lack it
+        return save_training_checkpoint(
+            self, state, is_lora=False, model_dir=like, config_updates={"pad_token_id": self.tokenizer.pad_id}
+        )
 
     def cleanup(self) -> None:
         if self.logger is not None:

@@ -59,6 +59,13 @@ def kl_penalised_rewards(
     return rewards, kl
 
 
+def mean_sequence_kl(kl: torch.Tensor) -> float:
+    """The batch's KL to the reference in the controller's units: nats per sequence, i.e. each row's
+    per-token KL `kl [B,T]` (0 off the mask, as `kl_penalised_rewards` returns it) summed over its
+    tokens, then the mean over the B rows (Ziegler et al.'s `mean(sum(logp - ref, axis=1))`)."""
+    return float(kl.sum(dim=1).mean())
+
+
 def gae(
     rewards: torch.Tensor,  # [B,T]
     values: torch.Tensor,  # [B,T]
@@ -103,8 +110,13 @@ class FixedKLController:
 class AdaptiveKLController:
     """Ziegler et al. (2019), eq. 2: steer the per-sequence KL to `target`.
 
-    After a batch with mean sequence KL `k`: `e = clip(k / target - 1, -0.2, 0.2)` and
-    `beta <- beta * (1 + e * n_steps / horizon)`; too much KL raises the coefficient, too little lowers it.
+    After a batch of `n_steps` rollouts with mean sequence KL `k` (`mean_sequence_kl`):
+    `e = clip(k / target - 1, -0.2, 0.2)` and `beta <- beta * (1 + e * n_steps / horizon)`; too much KL
+    raises the coefficient, too little lowers it. `n_steps / horizon` is the gain per update (their
+    K_beta = 0.1; their code: 512-rollout batches, horizon 10000, ~0.05): a horizon shorter than one
+    batch moves beta by more than 20% per update, so while a fresh policy's KL is still under target
+    (it starts at 0) beta collapses, and the KL then overshoots for as many updates as beta needs to
+    climb back (PPO's config check refuses `kl_horizon < batch_size * num_samples`).
     """
 
     def __init__(self, value: float, target: float, horizon: int = 10000) -> None:

@@ -114,6 +114,7 @@ def build_model(
     expert_mesh=None,
     replicate_quantized: bool = False,
     field: str = "model",
+    dir_field: str = "checkpoint_dir",
 ) -> tuple[nn.Module, bool, Path | None]:
     """Build, load and place one model: `(model, is_lora, model_dir)`.
 
@@ -128,6 +129,7 @@ def build_model(
     seed, same weights; NF4 cannot be broadcast or built on `meta`), then FSDP2 shards the NF4 bases
     that split evenly (torchao's NF4Tensor all-gathers its packed form) and keeps the others whole;
     `replicate_quantized`: pure tensor parallelism, nothing sharded by FSDP2.
+    `field` / `dir_field`: the config keys of the model node and of its folder, named in errors.
     Raises ConfigError for a missing model folder or a trainable model with nothing to train.
     """
     from engine.modules.peft.utils import get_adapter_params, set_trainable_params
@@ -135,7 +137,7 @@ def build_model(
     from engine.training.distributed import rank_world
 
     rank, world = rank_world()
-    model_dir = resolve_model_dir(checkpoint_dir) if checkpoint_dir is not None else None
+    model_dir = resolve_model_dir(checkpoint_dir, field=dir_field) if checkpoint_dir is not None else None
     replicated = False  # every rank holds the whole model (an NF4 base under pure TP): no FSDP2
     built_whole = False  # every rank built the full model itself (an NF4 base): nothing to materialise
     if world > 1:

@@ -26,7 +26,7 @@ def ppo_config(out, **over):
         "dataset": {"_component_": "engine.rl.toy_task.digit_successor_dataset", "n": 400, "seed": 0},
         "rewards": {"correct": {"_component_": "engine.rl.toy_task.digit_successor_reward"}},
         "batch_size": 16, "num_samples": 2, "max_new_tokens": 2, "temperature": 1.0,
-        "gamma": 1.0, "lam": 0.95, "kl_coeff": 0.05, "kl_target": 3.0, "kl_horizon": 20,
+        "gamma": 1.0, "lam": 0.95, "kl_coeff": 0.15, "kl_target": 3.0, "kl_horizon": 320,
         "whiten_advantages": True, "missing_eos_penalty": None,
         "ppo_epochs": 2, "minibatch_size": 16, "epochs": 1, "max_steps_per_epoch": 24,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-2},
@@ -44,6 +44,16 @@ def run(cfg):
     return train_in_process(PPORecipe, check_config, cfg)
 
 
+def _follows_ziegler(history, *, target, rollouts, horizon):
+    """Each step's logged `kl_coeff` is the previous one times `1 + clip(kl / target - 1, +-0.2) *
+    rollouts / horizon`, with the previous step's logged `kl` (nats per sequence) and its rollout count."""
+    for before, after in zip(history, history[1:]):
+        error = min(max(before["kl"] / target - 1.0, -0.2), 0.2)
+        assert after["kl_coeff"] == pytest.approx(
+            before["kl_coeff"] * (1 + error * rollouts / horizon), rel=1e-12
+        )
+
+
 @pytest.mark.slow  # ~200 s on 2 loaded cores (24 steps of 32 rollouts, policy + reference + value)
 def test_mean_reward_rises_and_kl_stays_bounded(tmp_path):
     recipe = run(ppo_config(tmp_path))
@@ -56,14 +66,15 @@ def test_mean_reward_rises_and_kl_stays_bounded(tmp_path):
     print(f"reward first quarter {first:.3f}, last quarter {last:.3f}; kl {[round(k, 2) for k in kls]}")
     assert first < 0.4
     assert last >= first + 0.3, (first, last)  # the stated margin: +0.3 mean reward
-    # KL to the reference (nats per sequence) stays near the adaptive controller's target of 3.0: the
-    # last quarter's mean within 1.5x of it (measured: 4.27; the controller first lowers the coefficient
-    # while KL is under target, then raises it by up to 1.32x a step), and the coefficient rises after
-    # every step above target. Measured reward: 0.156 first quarter -> 0.755 last quarter.
-    assert sum(kls[-q:]) / q <= 1.5 * 3.0, kls
-    for before, after in zip(h, h[1:]):
-        if before["kl"] > 3.0:
-            assert after["kl_coeff"] > before["kl_coeff"]
+    # KL to the reference (nats per sequence) stays under the adaptive controller's target of 3.0: the
+    # last quarter's mean at most 5% over it. The slack is the sampling noise of that mean, not room
+    # to overshoot: its 6 per-step means (32 rollouts' k1 estimates each) scatter with sd 0.20 nats in
+    # the measured run, a standard error of 0.08 nats (2.7% of 3.0); 5% is two of them.
+    # Measured (seed 0): 0.50 / 1.57 / 2.30 / 2.70 per quarter, reward 0.156 -> 0.755. With the old
+    # kl_horizon of 20 (< one 32-rollout batch, now refused) kl_coeff fell 30x while the fresh policy
+    # was under target, and the quarters read 0.60 / 2.87 / 3.67 / 4.27.
+    assert sum(kls[-q:]) / q <= 1.05 * 3.0, kls
+    _follows_ziegler(h, target=3.0, rollouts=32, horizon=320)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 24 and {"prompt", "completion", "reward"} <= set(samples[0])
 
@@ -76,6 +87,8 @@ def test_short_run_logs_the_live_screen_metrics(tmp_path):
                 "response_length", "reward/std", "rewards/correct", "missing_eos"):  # fmt: skip
         assert key in h[-1], key
     assert h[0]["kl"] == 0.0  # the first rollout's policy is the reference
+    assert h[0]["kl_coeff"] == 0.15 and h[1]["kl_coeff"] == pytest.approx(0.15 * (1 - 0.2 * 8 / 320))
+    _follows_ziegler(h, target=3.0, rollouts=8, horizon=320)  # 4 prompts x 2 samples per update
     assert h[-1]["entropy"] > 0 and 1 <= h[-1]["response_length"] <= 2
     assert recipe.reference is not None  # full policy: a frozen copy
 
@@ -124,3 +137,27 @@ def test_bad_settings_are_one_config_error(tmp_path):
         PPORecipe(ppo_config(tmp_path, minibatch_size=5))
     with pytest.raises(ConfigError, match="lam"):
         PPORecipe(ppo_config(tmp_path, lam=1.5))
+    # a controller horizon shorter than one batch of rollouts (16 x 2 = 32) overshoots: refused
+    with pytest.raises(ConfigError, match=r"kl_horizon: 20 is shorter than one batch .* = 32\)"):
+        PPORecipe(ppo_config(tmp_path, kl_horizon=20))
+    PPORecipe(ppo_config(tmp_path, kl_horizon=20, kl_target=None))  # a fixed coefficient has no horizon
+
+
+def test_missing_reward_or_value_folder_names_its_own_key(tmp_path):
+    from engine.config import ConfigError
+    from engine.recipes._entry import check_local_paths
+    from engine.recipes.ppo import PPORecipe
+
+    scorer = {"_component_": "engine.models.reward.reward_model", "decoder": dict(TOY)}
+    for key, extra in (
+        ("reward_checkpoint_dir", {"rewards": None, "reward_model": scorer}),
+        ("value_checkpoint_dir", {}),
+    ):
+        cfg = ppo_config(tmp_path, **extra, **{key: str(tmp_path / "nowhere")})
+        with pytest.raises(ConfigError, match=f"^{key}: .*nowhere is not a model folder") as caught:
+            check_local_paths(cfg)  # before anything is built
+        assert caught.value.field == key
+        recipe = PPORecipe(cfg)
+        with pytest.raises(ConfigError, match=f"^{key}: ") as caught:  # and if set-up is reached anyway
+            recipe.setup()
+        assert caught.value.field == key

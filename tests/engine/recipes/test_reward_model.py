@@ -60,7 +60,7 @@ def test_held_out_accuracy_reaches_095(tmp_path):
     with torch.no_grad():
         recipe.model.eval()
         torch.testing.assert_close(
-            pair_rewards(reloaded, batch), pair_rewards(recipe.model, batch), atol=1e-5, rtol=0
+            pair_rewards(reloaded, batch, 0), pair_rewards(recipe.model, batch, 0), atol=1e-5, rtol=0
         )
 
 
@@ -85,3 +85,77 @@ def test_not_a_reward_model_is_one_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="score head"):
         run(rm_config(tmp_path, model=copy.deepcopy(TINY_DECODER)))
+
+
+def _transformers_rewards(folder, batch: dict) -> torch.Tensor:
+    """`[2B]` rewards of a collated pair batch from transformers' own `*ForSequenceClassification` on
+    `folder`, fed the padded rows as they are: it finds each row's last token by `pad_token_id`."""
+    import transformers
+
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])
+    attention = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+    with torch.no_grad():
+        return hf(tokens, attention_mask=attention.long()).logits[:, 0]
+
+
+def test_reward_model_from_a_causal_lm_saves_pad_token_id_for_transformers(tmp_path):
+    """From a causal LM's folder (its config.json has no pad_token_id): the saved reward model's
+    config.json names the tokenizer's pad id, and transformers' LlamaForSequenceClassification on it
+    gives the recipe's rewards on padded batches of rows of different lengths (<= 1e-5, fp32)."""
+    pytest.importorskip("transformers")
+    from engine.checkpoint import save_pretrained
+    from engine.config import instantiate
+    from engine.recipes.reward_model import pair_rewards
+
+    torch.manual_seed(0)
+    base = save_pretrained(instantiate(copy.deepcopy(TINY_DECODER)), tmp_path / "base")
+    assert "pad_token_id" not in json.loads((base / "config.json").read_text())
+    recipe = run(rm_config(tmp_path / "run", checkpoint_dir=str(base), epochs=1, max_steps_per_epoch=3,
+                           validation=None))  # fmt: skip
+    folder = tmp_path / "run" / "checkpoints" / "step_3" / "model"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"]
+    assert config["pad_token_id"] == recipe.tokenizer.pad_id == 0
+    from engine.data.collate import padded_collate_dpo
+    from engine.rl.toy_preferences import digit_preference_dataset
+
+    recipe.model.eval()
+    for seed in (1, 2):  # prompts of 1 to 4 digits in one batch: rows of different lengths, padded
+        rows = [digit_preference_dataset(recipe.tokenizer, n=2, distractors=d, seed=seed)[i] for d in range(4)
+                for i in range(2)]  # fmt: skip
+        batch = padded_collate_dpo(rows, pad_id=recipe.tokenizer.pad_id)
+        assert not batch["chosen_attention_mask"].all()
+        with torch.no_grad():
+            ours = pair_rewards(recipe.model, batch, recipe.tokenizer.pad_id)
+        torch.testing.assert_close(_transformers_rewards(folder, batch), ours, atol=1e-5, rtol=0)
+
+
+def test_rewards_sit_where_transformers_reads_them_when_pad_is_eos(tmp_path):
+    """A tokenizer that pads with its EOS (SmolLM2's <|im_end|>): transformers reads each row's reward
+    at its last non-pad token, the one before the final EOS; `pair_rewards` reads the same one."""
+    pytest.importorskip("transformers")
+    from engine.checkpoint import save_pretrained
+    from engine.config import instantiate
+    from engine.data.collate import padded_collate_dpo
+    from engine.recipes.reward_model import pair_rewards
+
+    torch.manual_seed(0)
+    model = instantiate(
+        {"_component_": "engine.models.reward.reward_model", "decoder": copy.deepcopy(TINY_DECODER)}
+    )
+    eos = 2
+    folder = save_pretrained(model, tmp_path / "rm", config_updates={"pad_token_id": eos})
+    pairs = [
+        {"chosen_tokens": [1, 5, 6, 7, eos], "chosen_labels": [-100, 6, 7, eos, -100],
+         "rejected_tokens": [1, 5, 8, eos], "rejected_labels": [-100, 8, eos, -100]},
+        {"chosen_tokens": [1, 9, eos], "chosen_labels": [-100, eos, -100],
+         "rejected_tokens": [1, 9, 4, 4, 3, eos], "rejected_labels": [-100, 4, 4, 3, eos, -100]},
+    ]  # fmt: skip
+    batch = padded_collate_dpo(pairs, pad_id=eos)
+    with torch.no_grad():
+        ours = pair_rewards(model.eval(), batch, eos)
+        scores = model(torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]]))[..., 0]  # [4,S]
+    torch.testing.assert_close(_transformers_rewards(folder, batch), ours, atol=1e-5, rtol=0)
+    before_eos = torch.tensor([3, 1, 2, 4])  # each row's token before its EOS
+    torch.testing.assert_close(ours, scores[torch.arange(4), before_eos])

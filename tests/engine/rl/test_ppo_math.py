@@ -12,6 +12,7 @@ from engine.rl.ppo_advantages import (
     FixedKLController,
     gae,
     kl_penalised_rewards,
+    mean_sequence_kl,
     whiten,
 )
 
@@ -89,3 +90,37 @@ def test_kl_shaped_rewards_with_a_prompt_before_the_response():
     assert rewards.tolist() == [[0.0, 0.0, 3.0, 0.0]]
     adv, ret = gae(rewards, torch.zeros(1, 4), mask, gamma=1.0, lam=1.0)
     assert ret.tolist() == [[0.0, 3.0, 3.0, 0.0]]
+
+
+def test_controller_sequence_on_sequence_kl_by_hand():
+    """Three batches of two rollouts as the PPO recipe runs them: the penalty uses the current beta,
+    the controller then sees the KL summed over each sequence's tokens (nats per sequence, kl_target's
+    units) averaged over the rollouts, with n_steps = 2 rollouts. Every figure below is by hand."""
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    ref = torch.zeros(2, 3)
+    batches = [  # logp - ref per token; the masked-out entry must not count
+        torch.tensor([[0.5, 0.3, 9.0], [1.0, -0.2, 0.4]]),  # sequences 0.8 and 1.2: mean 1.0
+        torch.tensor([[2.0, 0.4, 9.0], [1.0, 0.5, 0.5]]),  # 2.4 and 2.0: mean 2.2
+        torch.tensor([[3.0, 3.0, 9.0], [2.0, 1.0, 1.0]]),  # 6.0 and 4.0: mean 5.0
+    ]
+    c = AdaptiveKLController(0.1, target=2.0, horizon=10)
+    # e = clip(1.0/2 - 1) = -0.2; clip(2.2/2 - 1) = +0.1; clip(5.0/2 - 1) = +0.2; gain n/H = 2/10
+    want_betas = [
+        0.1,
+        0.1 * (1 - 0.2 * 0.2),
+        0.1 * 0.96 * (1 + 0.1 * 0.2),
+        0.1 * 0.96 * 1.02 * (1 + 0.2 * 0.2),
+    ]
+    assert want_betas[1:] == pytest.approx([0.096, 0.09792, 0.1018368], rel=1e-12)
+    for i, logp in enumerate(batches):
+        beta = c.value
+        assert beta == pytest.approx(want_betas[i], rel=1e-6)  # the KLs are fp32 sums
+        rewards, kl = kl_penalised_rewards(torch.tensor([1.0, 0.0]), logp, ref, mask, kl_coeff=beta)
+        # the penalty enters each token's reward with the current beta; the score on the last token
+        torch.testing.assert_close(rewards[0, 0], torch.tensor(-beta * logp[0, 0].item()))
+        torch.testing.assert_close(rewards[0, 1], torch.tensor(-beta * logp[0, 1].item() + 1.0))
+        assert rewards[0, 2].item() == 0.0
+        seq_kl = mean_sequence_kl(kl)
+        assert seq_kl == pytest.approx([1.0, 2.2, 5.0][i], rel=1e-6)
+        c.update(seq_kl, 2)
+    assert c.value == pytest.approx(want_betas[3], rel=1e-6)
