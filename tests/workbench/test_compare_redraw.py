@@ -118,7 +118,7 @@ async def test_compare_prepares_other_metrics_off_the_loop_and_switching_draws_n
     app = make_app(interval=3600)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = CompareScreen(list(runs))
-        screen.load = lambda run_ids: None  # data from memory, not the tracker
+        screen.load = lambda run_ids, sweep=None: None  # data from memory, not the tracker
         app.push_screen(screen)
         await pilot.pause()
         screen.show(runs, data)
@@ -158,7 +158,7 @@ async def test_closing_compare_while_the_plot_worker_builds_ends_it_cleanly(tune
     app = make_app(interval=3600)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = CompareScreen(list(runs))
-        screen.load = lambda run_ids: None
+        screen.load = lambda run_ids, sweep=None: None
         app.push_screen(screen)
         await pilot.pause()
         screen.show(runs, data)
