@@ -105,14 +105,9 @@ def _start(run, launch) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--fork":
-        pid = os.fork()
-        if pid > 0:
-            print(pid, flush=True)
-            os._exit(0)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1):
-            os.dup2(devnull, fd)
+        from workbench.supervisor import detach
+
+        detach()
         args = args[1:]
     if args:
         print("usage: python -m workbench.scheduler [--fork]", file=sys.stderr)

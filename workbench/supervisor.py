@@ -236,6 +236,19 @@ def supervise(run_id: str, extra: list[str]) -> int:
     return 0
 
 
+def detach() -> None:
+    """Fork into a new session that outlives the caller's terminal: the parent prints the child's pid
+    (the launcher reads it) and exits; the child continues with stdin/stdout on /dev/null."""
+    pid = os.fork()
+    if pid > 0:
+        print(pid, flush=True)
+        os._exit(0)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -254,14 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id, rest = args[0], args[1:]
     extra = rest[1:] if rest[:1] == ["--"] else rest
     if fork:
-        pid = os.fork()
-        if pid > 0:
-            print(pid, flush=True)
-            os._exit(0)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1):
-            os.dup2(devnull, fd)
+        detach()
     return supervise(run_id, extra)
 
 

@@ -4,7 +4,7 @@ them by loss tokens inside its own step statistics, with the same `weighted_aux_
     aux = RouterAuxLoss(self.model)                 # inactive (adds nothing) for a dense model
     logps = token_logprobs(self.model, tokens, labels)
     loss = loss_fn(...) + aux.term(mask)            # right after the model's own forward
-    ...
+    # ... the rest of the step ...
     metrics.update(aux.metrics())                   # {"loss/aux": mean load-balancing loss} or {}
 
 `term(mask)` reads the routers of the model's *last* forward, so call it before anything else runs the

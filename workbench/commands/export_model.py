@@ -117,3 +117,15 @@ def export_run_gguf(run_id: str, qtype: str) -> Path:
     from engine.checkpoint.gguf_export import export_gguf
 
     return export_gguf(folder, Path(rec.output_dir) / name, qtype)
+
+
+def export_run_gguf_message(run_id: str, qtype: str):
+    """`export_run_gguf` for a screen's thread worker: the `ModelExported` message to post, carrying the
+    written path or the error's first line (the line names what to change)."""
+    from workbench.ui_messages import ModelExported
+
+    try:
+        path = export_run_gguf(run_id, qtype)
+    except Exception as exc:  # one line, shown as a notification
+        return ModelExported(run_id, error=(str(exc).splitlines() or [type(exc).__name__])[0])
+    return ModelExported(run_id, path=str(path))

@@ -251,14 +251,9 @@ class LiveRunScreen(Screen):
 
     @work(thread=True, group="gguf-export")
     def _export_gguf(self, run_id: str, qtype: str) -> None:
-        from workbench.commands.export_model import export_run_gguf
+        from workbench.commands.export_model import export_run_gguf_message
 
-        try:
-            path = export_run_gguf(run_id, qtype)
-        except Exception as exc:  # one line: the message names what to change
-            self.post_message(ModelExported(run_id, error=(str(exc).splitlines() or [type(exc).__name__])[0]))
-            return
-        self.post_message(ModelExported(run_id, path=str(path)))
+        self.post_message(export_run_gguf_message(run_id, qtype))
 
     def on_model_exported(self, message: ModelExported) -> None:
         if message.error:
