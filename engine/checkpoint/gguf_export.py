@@ -132,7 +132,10 @@ def _source_pre_name(tok) -> str:
     )
 
 
-def _tokenizer_metadata(writer, model_dir: Path) -> None:
+def _tokenizer_metadata(writer, model_dir: Path, vocab: int) -> None:
+    """The tokenizer keys; the token list is padded with unused `[PAD<id>]` tokens up to the model's
+    `vocab` embedding rows (Qwen pads 151,669 tokens to 151,936 rows), as llama.cpp's converter does,
+    since llama.cpp sizes the vocabulary from the token list."""
     from tokenizers import Tokenizer
 
     path = model_dir / "tokenizer.json"
@@ -153,6 +156,12 @@ def _tokenizer_metadata(writer, model_dir: Path) -> None:
     added = {int(a["id"]): bool(a.get("special")) for a in data.get("added_tokens") or []}
     types = [(3 if added[i] else 4) if i in added else 1 for i in range(size)]  # control / user / normal
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    if size > vocab:
+        raise GGUFError(
+            f"{path}: {size} tokens but the model has {vocab} embedding rows; the tokenizer does not "
+            "belong to this model"
+        )
+    pad = [f"[PAD{i}]" for i in range(size, vocab)]
     if model.get("byte_fallback"):  # SentencePiece BPE: scores rank the merges (the importer re-derives them)
         scores = [0.0] * size
         ids = tok.get_vocab(with_added_tokens=True)
@@ -164,7 +173,7 @@ def _tokenizer_metadata(writer, model_dir: Path) -> None:
             if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
                 types[i] = 6  # byte
         writer.add_tokenizer_model("llama")
-        writer.add_token_scores(scores)
+        writer.add_token_scores(scores + [-1e4] * len(pad))
         writer.add_add_space_prefix(_prepends_space(data))
         unk = model.get("unk_token")
         if unk in ids:
@@ -174,8 +183,8 @@ def _tokenizer_metadata(writer, model_dir: Path) -> None:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_source_pre_name(tok))
         writer.add_token_merges(merges)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
+    writer.add_token_list(tokens + pad)
+    writer.add_token_types(types + [5] * len(pad))  # 5: unused
     _special_tokens(writer, model_dir, tokens)
 
 
@@ -366,7 +375,7 @@ def write_gguf(
         vocab = int(state_dict["model.embed_tokens.weight"].shape[0])
         _model_metadata(writer, config, family, vocab, name)
         writer.add_file_type(gguf.LlamaFileType[file_type])
-        _tokenizer_metadata(writer, Path(tokenizer_dir))
+        _tokenizer_metadata(writer, Path(tokenizer_dir), vocab)
         for gname, array, raw in tensors:
             writer.add_tensor(gname, array, raw_dtype=raw)
         writer.write_header_to_file()

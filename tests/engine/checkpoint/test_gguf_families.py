@@ -319,3 +319,88 @@ def test_moe_lora_checkpoint_exports_merged(tmp_path, family):
     ref = _logits(tuned, ids)
     assert (ref - _logits(model, ids)).abs().max() > 0.5  # the adapters and router change the model
     torch.testing.assert_close(_logits(back, ids), ref, atol=REL_TOL["f16"] * ref.abs().max().item(), rtol=0)
+
+
+def test_token_list_padded_to_the_embedding_rows(tmp_path):
+    """Embedding rows beyond the tokenizer's tokens (Qwen pads its vocabulary to a multiple of 64)
+    become unused `[PAD<id>]` tokens, so llama.cpp sizes the vocabulary as the embedding; the rebuilt
+    tokenizer and transformers' GGUF tokenizer still encode as the source does, and the logits
+    survive the round trip."""
+    from tokenizers import Tokenizer
+
+    tok = _qwen_tokenizer()
+    size = tok.get_vocab_size()
+    model = hf_model("qwen3", vocab_size=size + 20)
+    src = _save_folder(model, tok, tmp_path / "src")
+    out = export_gguf(src, tmp_path / "q.gguf", "f16")
+    reader = gguf.GGUFReader(str(out))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    assert len(tokens) == size + 20 and tokens[size] == f"[PAD{size}]" and tokens[-1] == f"[PAD{size + 19}]"
+    assert types[size:] == [5] * 20 and types[size - 1] != 5  # 5: unused
+
+    folder = convert_gguf_to_hf(out, tmp_path / "back", dtype=torch.float32)
+    ours = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=out.name)
+    for text in (TEXT, "<|im_start|>user\n12 + 345?<|im_end|>\n"):
+        want = tok.encode(text).ids
+        assert ours.encode(text).ids == want and theirs(text)["input_ids"] == want, text
+    ids = tok.encode(TEXT).ids[:16]
+    ref = _logits(model, ids)
+    torch.testing.assert_close(
+        _logits(from_pretrained(folder), ids), ref, atol=REL_TOL["f16"] * ref.abs().max().item(), rtol=0
+    )
+
+
+def test_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
+    tok = _qwen_tokenizer()
+    model = hf_model("qwen3", vocab_size=tok.get_vocab_size() - 10)
+    src = _save_folder(model, tok, tmp_path / "src")
+    with pytest.raises(GGUFError, match="tokenizer does not belong to this model"):
+        export_gguf(src, tmp_path / "q.gguf", "f16")
+    assert not (tmp_path / "q.gguf").exists()
+
+
+@pytest.mark.slow
+def test_real_qwen3_tokenizer_round_trips(real_assets, tmp_path):
+    """A tiny Qwen3 with the real Qwen3 tokenizer (151,669 tokens, 151,936 embedding rows): the token
+    list is padded to the rows as llama.cpp pads it, the pre-tokenizer is named `qwen2`, and both our
+    rebuilt tokenizer and transformers' GGUF tokenizer encode chat text as the real one does."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    real = real_assets("it exports the real Qwen3 tokenizer and compares encodings") / "tokenizers" / "qwen3"
+    model = hf_model("qwen3", vocab_size=151_936, num_hidden_layers=1)
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(real / name, src / name)
+    out = export_gguf(src, tmp_path / "q.gguf", "f16")
+    reader = gguf.GGUFReader(str(out))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    assert len(tokens) == 151_936 and tokens[151_669] == "[PAD151669]" and tokens[151_645] == "<|im_end|>"
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    assert reader.fields["tokenizer.ggml.token_type"].contents()[151_700] == 5  # unused
+
+    folder = convert_gguf_to_hf(out, tmp_path / "back", dtype=torch.float32)
+    ref = Tokenizer.from_file(str(real / "tokenizer.json"))
+    ours = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=out.name)
+    texts = [
+        "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        "  spaces, tabs\t\tand ünïcödé 日本語 🤗 def f(x): return x**2",
+    ]
+    for text in texts:
+        want = ref.encode(text).ids
+        assert ours.encode(text).ids == want, text
+        assert theirs(text)["input_ids"] == want, text
+    import json
+
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    real_cfg = json.loads((real / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == real_cfg["chat_template"] and cfg["eos_token"] == "<|im_end|>"
+    ids = ref.encode(texts[0]).ids
+    torch.testing.assert_close(
+        _logits(from_pretrained(folder), ids), _logits(model, ids), atol=REL_TOL["f16"] * 10, rtol=0
+    )
