@@ -1,11 +1,14 @@
 """The one assembly routine every family builder calls: plain or LoRA linears, same module tree.
 
 Family builders (`llama3(...)`, `qwen2(...)`, ...) differ only by defaults (QKV bias, q/k norm,
-RoPE schedule, tying); LoRA builders differ only by passing `LoRASettings`.
+RoPE schedule, tying, router knobs); LoRA builders differ only by passing `LoRASettings`. So a
+family module holds only what is particular to it, a `Family` (defaults and sizes as data), and
+`family_builders` makes its builder, its LoRA builder and its size presets from that, once for all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Literal
@@ -176,24 +179,164 @@ def build_decoder(
     )
 
 
-def forward_signature(lora_builder, model_builder) -> inspect.Signature:
-    """The signature of `lora_builder(*, <LoRA args>, **model_kwargs)` with `model_kwargs` spelled
-    out from `model_builder`, so config validation checks forwarded keys (set as `__signature__`)."""
-    own = [p for p in inspect.signature(lora_builder).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    forwarded = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for name, p in inspect.signature(model_builder).parameters.items()
-        if name != "lora"
-    ]
-    return inspect.Signature(own + forwarded, return_annotation=TransformerDecoder)
+# `build_decoder` arguments no family builder takes: a family fixes them (`Family.fixed`), and `moe`
+# is made from the router knobs of a mixture-of-experts family.
+_NOT_ARGUMENTS = ("attn_bias", "qk_norm", "moe")
+# `build_decoder` arguments a family builder takes only when its family gives them a default
+# (Llama 2 has no RoPE scaling; only Mistral and Mixtral slide their attention window).
+_OPTIONAL = ("rope_scaling", "sliding_window")
+# Router knobs of a mixture-of-experts family builder -> the `MoESettings` field each sets.
+_MOE_KNOBS = {
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "top_k",
+    "norm_topk_prob": "norm_topk_prob",
+    "router_aux_loss_coef": "router_aux_loss_coef",
+    "router_z_loss_coef": "router_z_loss_coef",
+}
+# The `LoRASettings` fields a `lora_<family>` builder takes, in signature order: dense families adapt
+# the MLP, mixtures of experts their experts (and may train the router).
+_DENSE_LORA = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "lora_rank",
+               "lora_alpha", "lora_dropout", "quantize_base", "use_dora")  # fmt: skip
+_MOE_LORA = ("lora_attn_modules", "apply_lora_to_experts", "train_router", "apply_lora_to_output",
+             "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora")  # fmt: skip
 
 
-def lora_preset(lora_builder, name: str, module: str, **preset_kwargs):
-    """A named LoRA/QLoRA size preset: `lora_builder` with `preset_kwargs` as overridable defaults.
+@dataclass(frozen=True)
+class Family:
+    """What makes one decoder family particular, as data; `family_builders` makes its functions.
 
-    A real function (not a `functools.partial`) so `_component_` paths resolve inside `engine`, with a
-    `__signature__` whose defaults are the preset's, so config validation checks keys and types.
+    name: the family builder's name and its presets' prefix (`llama3`, `lora_llama3`, `llama3_8b`).
+    module: the family module's `__name__`, so `_component_` paths and cards name that module.
+    doc: the family builder's docstring.
+    defaults: the family's defaults for `build_decoder` arguments, which become keyword defaults of
+        its builder; `rope_scaling` and `sliding_window` are arguments only where given here.
+    sizes: preset name -> builder arguments; each is a zero-argument `<name>()`, a `lora_<name>` and
+        (see `qlora`) a `qlora_<name>` whose arguments default to these sizes.
+    fixed: `build_decoder` arguments the family always sets and does not take (Qwen2's `attn_bias`).
+    moe: for a mixture of experts, its router knobs (keys of `_MOE_KNOBS`) and their defaults; the
+        builder then makes every MLP a mixture (`norm_topk_prob` is True where not a knob).
+    expert_dim: the name the builder gives `intermediate_dim` (Qwen3-MoE: `moe_intermediate_dim`).
+    qlora: the sizes with a QLoRA preset; None is every size but the `_tiny` test ones.
     """
+
+    name: str
+    module: str
+    doc: str
+    defaults: dict
+    sizes: dict[str, dict]
+    fixed: dict = dataclasses.field(default_factory=dict)
+    moe: dict | None = None
+    expert_dim: str = "intermediate_dim"
+    qlora: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        known = inspect.signature(build_decoder).parameters
+        unknown = [k for k in self.defaults if k not in known or k in _NOT_ARGUMENTS or k == "lora"]
+        unknown += [k for k in self.fixed if k not in known or k == "lora"]
+        unknown += [k for k in self.moe or {} if k not in _MOE_KNOBS]
+        if unknown:
+            raise ValueError(
+                f"Family {self.name}: {unknown} cannot be set here; defaults and fixed take build_decoder "
+                f"arguments (attn_bias, qk_norm only as fixed), moe the router knobs {list(_MOE_KNOBS)}"
+            )
+
+
+def _named(fn, name: str, module: str, doc: str, signature: inspect.Signature):
+    """`fn` under `module.name` (how `_component_` paths and model cards find it), with `signature`
+    (what config validation checks keys and types against)."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = module
+    fn.__doc__ = doc
+    fn.__signature__ = signature
+    return fn
+
+
+def _model_builder(family: Family):
+    """`<family>(**sizes)`: `build_decoder` with the family's defaults, fixed arguments and router knobs."""
+    params = []
+    for name, p in inspect.signature(build_decoder).parameters.items():
+        if (
+            name in _NOT_ARGUMENTS
+            or name in family.fixed
+            or (name in _OPTIONAL and name not in family.defaults)
+        ):
+            continue
+        if name in family.defaults:
+            p = p.replace(default=family.defaults[name])
+        if name != "intermediate_dim":
+            params.append(p)
+            continue
+        params.append(p.replace(name=family.expert_dim))
+        types = {f.name: f.type for f in dataclasses.fields(MoESettings)}
+        kw = inspect.Parameter.KEYWORD_ONLY
+        params += [
+            inspect.Parameter(k, kw, default=v, annotation=types[_MOE_KNOBS[k]])
+            for k, v in (family.moe or {}).items()
+        ]
+    signature = inspect.Signature(params, return_annotation=TransformerDecoder)
+
+    def builder(**kwargs) -> TransformerDecoder:
+        try:
+            bound = signature.bind(**kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{family.name}(): {exc}") from None
+        bound.apply_defaults()
+        args = dict(bound.arguments)
+        args["intermediate_dim"] = args.pop(family.expert_dim)
+        if family.moe is not None:
+            knobs = {_MOE_KNOBS[k]: args.pop(k) for k in family.moe}
+            args["moe"] = MoESettings(
+                moe_intermediate_dim=args["intermediate_dim"], naming=family.name, **knobs
+            )
+        return build_decoder(**args, **family.fixed)
+
+    return _named(builder, family.name, family.module, family.doc, signature)
+
+
+def _lora_builder(model_builder, family: Family):
+    """`lora_<family>(*, <LoRA knobs>, **model_kwargs)`, with `model_kwargs` spelled out in its
+    signature from `model_builder`, so config validation checks the forwarded keys too."""
+    knobs = _MOE_LORA if family.moe is not None else _DENSE_LORA
+    settings = {f.name: f for f in dataclasses.fields(LoRASettings)}
+    own = [
+        inspect.Parameter(
+            k, inspect.Parameter.KEYWORD_ONLY, default=settings[k].default, annotation=settings[k].type
+        )
+        for k in knobs
+    ]
+    forwarded = [p for n, p in inspect.signature(model_builder).parameters.items() if n != "lora"]
+    signature = inspect.Signature(own + forwarded, return_annotation=TransformerDecoder)
+
+    def lora_builder(**kwargs) -> TransformerDecoder:
+        lora = {k: kwargs.pop(k) for k in knobs if k in kwargs}
+        if "lora_attn_modules" in lora:
+            lora["lora_attn_modules"] = tuple(lora["lora_attn_modules"])
+        return model_builder(**kwargs, lora=LoRASettings(**lora))
+
+    if family.moe is None:
+        doc = f"`{family.name}(**model_kwargs)` with LoRA/DoRA adapters (QLoRA when `quantize_base`)."
+    else:
+        doc = (
+            f"`{family.name}(**model_kwargs)` with LoRA/DoRA adapters on attention and, by choice, on every "
+            "expert (stacked per expert); `train_router` trains the router with them (frozen otherwise); "
+            "QLoRA when `quantize_base` (NF4 attention; the experts stay in the base dtype)."
+        )
+    return _named(lora_builder, f"lora_{family.name}", family.module, doc, signature)
+
+
+def _size_preset(builder, size: str, module: str, sizes: dict):
+    """`<size>()`: the family builder with one preset's sizes, no arguments."""
+
+    def preset() -> TransformerDecoder:
+        return builder(**sizes)
+
+    doc = f"`{builder.__name__}` with the `{size}` sizes."
+    return _named(preset, size, module, doc, inspect.Signature(return_annotation=TransformerDecoder))
+
+
+def _lora_preset(lora_builder, name: str, size: str, module: str, preset_kwargs: dict):
+    """A named LoRA/QLoRA size preset: `lora_builder` with `preset_kwargs` as overridable defaults
+    (its signature shows them, so config validation checks keys and types)."""
 
     def preset(**kwargs) -> TransformerDecoder:
         return lora_builder(**{**preset_kwargs, **kwargs})
@@ -202,44 +345,27 @@ def lora_preset(lora_builder, name: str, module: str, **preset_kwargs):
         p.replace(default=preset_kwargs[n]) if n in preset_kwargs else p
         for n, p in inspect.signature(lora_builder).parameters.items()
     ]
-    preset.__signature__ = inspect.Signature(params, return_annotation=TransformerDecoder)
-    preset.__name__ = preset.__qualname__ = name
-    preset.__module__ = module
-    preset.__doc__ = f"`{lora_builder.__name__}` with the `{name.split('_', 1)[1]}` sizes" + (
+    doc = f"`{lora_builder.__name__}` with the `{size}` sizes" + (
         " and an NF4 base (QLoRA)." if preset_kwargs.get("quantize_base") else "."
     )
-    return preset
+    return _named(preset, name, module, doc, inspect.Signature(params, return_annotation=TransformerDecoder))
 
 
-def moe_lora_builder(model_builder, name: str, module: str):
-    """`lora_<family>` of a mixture-of-experts family: `model_builder(**model_kwargs)` with LoRA/DoRA
-    adapters on attention and, by choice, on every expert (stacked per expert, `apply_lora_to_experts`);
-    `train_router` trains the router with them (frozen otherwise); QLoRA when `quantize_base`."""
+def family_builders(family: Family) -> dict:
+    """Every function of `family`, by name: the family builder `<name>(**sizes)`, `lora_<name>`, and
+    for each size `<size>()`, `lora_<size>(**overrides)` and (see `Family.qlora`) `qlora_<size>`.
 
-    def lora_builder(
-        *,
-        lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj"),
-        apply_lora_to_experts: bool = False,
-        train_router: bool = False,
-        apply_lora_to_output: bool = False,
-        lora_rank: int = 8,
-        lora_alpha: float = 16.0,
-        lora_dropout: float = 0.0,
-        quantize_base: bool = False,
-        use_dora: bool = False,
-        **model_kwargs,
-    ) -> TransformerDecoder:
-        lora = LoRASettings(
-            tuple(lora_attn_modules), False, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
-            quantize_base, use_dora, apply_lora_to_experts, train_router,
-        )  # fmt: skip
-        return model_builder(**model_kwargs, lora=lora)
-
-    lora_builder.__signature__ = forward_signature(lora_builder, model_builder)
-    lora_builder.__name__ = lora_builder.__qualname__ = name
-    lora_builder.__module__ = module
-    lora_builder.__doc__ = (
-        f"`{model_builder.__name__}(**model_kwargs)` with LoRA adapters on attention and, by choice, on "
-        "every expert (stacked per expert); `train_router` trains the router with them (frozen otherwise)."
-    )
-    return lora_builder
+    A family module publishes them with `globals().update(family_builders(FAMILY))`; they are real
+    functions of that module (not `functools.partial`s), so `_component_` paths resolve there.
+    """
+    model = _model_builder(family)
+    lora = _lora_builder(model, family)
+    built = {model.__name__: model, lora.__name__: lora}
+    qlora = family.qlora if family.qlora is not None else [s for s in family.sizes if not s.endswith("_tiny")]
+    for size, sizes in family.sizes.items():
+        built[size] = _size_preset(model, size, family.module, sizes)
+        built[f"lora_{size}"] = _lora_preset(lora, f"lora_{size}", size, family.module, sizes)
+        if size in qlora:
+            qlora_kwargs = {**sizes, "quantize_base": True}
+            built[f"qlora_{size}"] = _lora_preset(lora, f"qlora_{size}", size, family.module, qlora_kwargs)
+    return built

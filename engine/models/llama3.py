@@ -1,59 +1,17 @@
 """Llama 3 / 3.1 / 3.2 / 3.3: GQA, RoPE theta 500k with the Llama-3 frequency scaling, vocab 128,256.
 
+Particular to the family: the `rope_scaling` knob (None is Llama 3.0; 3.1/3.3 scale by 8, 3.2 by
+32), a 128k context, and tied embeddings for the 3.2 sizes. `FAMILY` below makes
+`llama3(**sizes)`, `lora_llama3(**lora, **sizes)` and, for each of `SIZES`, `<size>()`,
+`lora_<size>` and `qlora_<size>` (see `engine.models._decoder_builder.family_builders`).
+
 Launch-time use: `_component_: engine.models.llama3.llama3_2_1b` (or `lora_llama3_2_1b`, `qlora_...`).
 """
 
 from __future__ import annotations
 
-from engine.models._decoder_builder import LoRASettings, build_decoder, forward_signature, lora_preset
+from engine.models._decoder_builder import Family, family_builders
 from engine.modules.rotary import Llama3RopeScaling
-from engine.modules.transformer import TransformerDecoder
-
-
-def llama3(
-    *,
-    vocab_size: int = 128_256,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int = 131_072,
-    head_dim: int | None = None,
-    norm_eps: float = 1e-5,
-    rope_base: float = 500_000.0,
-    rope_scaling: Llama3RopeScaling | None = None,
-    tie_word_embeddings: bool = False,
-    attn_dropout: float = 0.0,
-    lora: LoRASettings | None = None,
-) -> TransformerDecoder:
-    """A Llama-3 decoder from its sizes. `rope_scaling=None` is Llama 3.0 (no scaling);
-    `lora` adds adapters (the `lora_llama3` builder fills it)."""
-    return build_decoder(**locals())
-
-
-def lora_llama3(
-    *,
-    lora_attn_modules: tuple[str, ...] = ("q_proj", "v_proj"),
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    quantize_base: bool = False,
-    use_dora: bool = False,
-    **model_kwargs,
-) -> TransformerDecoder:
-    """`llama3(**model_kwargs)` with LoRA/DoRA adapters (QLoRA when `quantize_base`)."""
-    lora = LoRASettings(
-        tuple(lora_attn_modules), apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha,
-        lora_dropout, quantize_base, use_dora,
-    )  # fmt: skip
-    return llama3(**model_kwargs, lora=lora)
-
-
-lora_llama3.__signature__ = forward_signature(lora_llama3, llama3)
-
 
 SCALING_3_1 = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
 SCALING_3_2 = Llama3RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
@@ -77,57 +35,11 @@ SIZES = {
                         rope_scaling=Llama3RopeScaling(factor=8.0, original_max_position_embeddings=64)),
 }  # fmt: skip
 
-
-def llama3_8b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_8b"])
-
-
-def llama3_1_8b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_1_8b"])
-
-
-def llama3_1_70b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_1_70b"])
-
-
-def llama3_2_1b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_2_1b"])
-
-
-def llama3_2_3b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_2_3b"])
-
-
-def llama3_3_70b() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_3_70b"])
-
-
-def llama3_tiny() -> TransformerDecoder:
-    return llama3(**SIZES["llama3_tiny"])
-
-
-lora_llama3_8b = lora_preset(lora_llama3, "lora_llama3_8b", __name__, **SIZES["llama3_8b"])
-lora_llama3_1_8b = lora_preset(lora_llama3, "lora_llama3_1_8b", __name__, **SIZES["llama3_1_8b"])
-lora_llama3_1_70b = lora_preset(lora_llama3, "lora_llama3_1_70b", __name__, **SIZES["llama3_1_70b"])
-lora_llama3_2_1b = lora_preset(lora_llama3, "lora_llama3_2_1b", __name__, **SIZES["llama3_2_1b"])
-lora_llama3_2_3b = lora_preset(lora_llama3, "lora_llama3_2_3b", __name__, **SIZES["llama3_2_3b"])
-lora_llama3_3_70b = lora_preset(lora_llama3, "lora_llama3_3_70b", __name__, **SIZES["llama3_3_70b"])
-lora_llama3_tiny = lora_preset(lora_llama3, "lora_llama3_tiny", __name__, **SIZES["llama3_tiny"])
-qlora_llama3_8b = lora_preset(
-    lora_llama3, "qlora_llama3_8b", __name__, **SIZES["llama3_8b"], quantize_base=True
-)
-qlora_llama3_1_8b = lora_preset(
-    lora_llama3, "qlora_llama3_1_8b", __name__, **SIZES["llama3_1_8b"], quantize_base=True
-)
-qlora_llama3_1_70b = lora_preset(
-    lora_llama3, "qlora_llama3_1_70b", __name__, **SIZES["llama3_1_70b"], quantize_base=True
-)
-qlora_llama3_2_1b = lora_preset(
-    lora_llama3, "qlora_llama3_2_1b", __name__, **SIZES["llama3_2_1b"], quantize_base=True
-)
-qlora_llama3_2_3b = lora_preset(
-    lora_llama3, "qlora_llama3_2_3b", __name__, **SIZES["llama3_2_3b"], quantize_base=True
-)
-qlora_llama3_3_70b = lora_preset(
-    lora_llama3, "qlora_llama3_3_70b", __name__, **SIZES["llama3_3_70b"], quantize_base=True
-)
+FAMILY = Family(
+    "llama3", __name__,
+    "A Llama-3 decoder from its sizes. `rope_scaling=None` is Llama 3.0 (no scaling); "
+    "`lora` adds adapters (the `lora_llama3` builder fills it).",
+    defaults=dict(vocab_size=128_256, max_seq_len=131_072, norm_eps=1e-5, rope_base=500_000.0, rope_scaling=None),
+    sizes=SIZES,
+)  # fmt: skip
+globals().update(family_builders(FAMILY))

@@ -4,6 +4,7 @@ validation sees the forwarded size/LoRA keys, and LoRA presets place adapters wh
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from engine.config import ConfigError, instantiate, validate
 from engine.modules.peft import LoRALinear
 
-FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral", "smollm2"]
+FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral", "smollm2", "qwen3_moe", "mixtral"]
 
 
 def _presets():
@@ -25,7 +26,7 @@ def _presets():
 
 def test_every_preset_is_an_allowed_component_and_builds_on_meta():
     paths = list(_presets())
-    assert len(paths) > 80
+    assert len(paths) > 100
     for path in paths:
         assert validate({"model": {"_component_": path}}) == [], path
     with torch.device("meta"):
@@ -54,3 +55,34 @@ def test_lora_placement():
     assert all(isinstance(m, LoRALinear) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
     with pytest.raises(ConfigError, match="apply_lora_to_output needs an untied output projection"):
         instantiate({"_component_": "engine.models.qwen2.lora_qwen2_tiny", "apply_lora_to_output": True})
+
+
+def test_family_builders_take_only_their_family_knobs():
+    """Each family's builder signature is made from its `Family`: the knobs it has, the defaults it
+    declares, nothing it fixes; its functions live in the family module."""
+    from engine.models import llama2, llama3, mistral, mixtral, qwen2, qwen3_moe
+    from engine.models._decoder_builder import Family
+
+    def params(fn):
+        return inspect.signature(fn).parameters
+
+    assert "rope_scaling" not in params(llama2.llama2) and "sliding_window" not in params(llama2.llama2)
+    assert params(llama3.llama3)["rope_base"].default == 500_000.0 and "rope_scaling" in params(llama3.llama3)
+    assert params(mistral.mistral)["sliding_window"].default is None
+    assert "attn_bias" not in params(qwen2.qwen2) and params(qwen2.qwen2)["norm_eps"].default == 1e-6
+    moe = params(qwen3_moe.qwen3_moe)
+    assert "intermediate_dim" not in moe and moe["moe_intermediate_dim"].default is inspect.Parameter.empty
+    assert moe["num_experts"].default == 128 and "norm_topk_prob" not in params(mixtral.mixtral)
+    assert "apply_lora_to_experts" in params(mixtral.lora_mixtral) and "apply_lora_to_mlp" not in params(
+        mixtral.lora_mixtral
+    )
+    assert params(llama3.lora_llama3_2_1b)["embed_dim"].default == 2048
+    assert not params(llama3.llama3_2_1b) and llama3.llama3_2_1b.__module__ == "engine.models.llama3"
+    with pytest.raises(TypeError, match=r"llama2\(\): got an unexpected keyword argument 'rope_scaling'"):
+        llama2.llama2(**llama2.SIZES["llama2_tiny"], rope_scaling=None)
+    with pytest.raises(TypeError, match="qwen3_moe.*apply_lora_to_mlp"):
+        qwen3_moe.lora_qwen3_moe_tiny(apply_lora_to_mlp=True)
+    model = qwen2.qwen2_tiny()
+    assert model.layers[0].attn.q_proj.bias is not None  # the fixed QKV bias
+    with pytest.raises(ValueError, match="attn_bias"):
+        Family("x", __name__, "doc", defaults={"attn_bias": True}, sizes={})
