@@ -302,10 +302,32 @@ def load_resume_state(
 _AS_RECIPE = object()
 
 
+def resume_training(recipe: Any, *counters: str, trained: nn.Module | None = None) -> dict | None:
+    """Resume a training recipe when its `resume:` asks for it (`load_resume_state`) and restore its
+    loop counters: `global_step`, `epoch`, `batches_in_epoch` and each attribute named in `counters`
+    (an int the checkpoint holds under that name, 0 when an older checkpoint lacks it).
+
+    `recipe` has `cfg`, `output_dir`, `model`, `optimizer`, `lr_scheduler`, `logger` and `rank`;
+    `trained`: the module whose weights resume fills when it is more than `model` (PPO). Returns the
+    saved recipe state, for anything else the recipe keeps (PPO's KL coefficient), or None.
+    """
+    state = load_resume_state(
+        recipe.cfg, output_dir=recipe.output_dir, model=trained or recipe.model, optimizer=recipe.optimizer,
+        lr_scheduler=recipe.lr_scheduler, logger=recipe.logger, rank=recipe.rank,
+    )  # fmt: skip
+    if state is None:
+        return None
+    recipe.global_step, recipe.epoch = int(state["step"]), int(state["epoch"])
+    recipe.batches_in_epoch = int(state["batches_in_epoch"])
+    for name in counters:
+        setattr(recipe, name, int(state.get(name, 0)))
+    return state
+
+
 def save_training_checkpoint(
     recipe: Any,
-    state: dict,
-    *,
+    *counters: str,
+    extra: dict | None = None,
     trained: Any = None,
     is_lora: Any = _AS_RECIPE,
     model_dir: Any = _AS_RECIPE,
@@ -313,10 +335,12 @@ def save_training_checkpoint(
 ) -> Path:
     """`output_dir/checkpoints/step_<N>/` of a training recipe, atomically: its `model/` folder (PEFT
     adapters or a Hugging Face folder, `engine.checkpoint.export.write_model_folder`), the optimizer,
-    `state` plus the LR schedule's state; logs a `checkpoint` event. Returns the folder.
+    the recipe state (`epoch`, `batches_in_epoch`, each attribute named in `counters`, then `extra`)
+    plus the LR schedule's state; logs a `checkpoint` event. Returns the folder.
 
-    `recipe` is any training recipe: it has `output_dir`, `global_step`, `model`, `optimizer`,
-    `lr_scheduler`, `cfg["model"]`, `is_lora`, `model_dir`, `dtype`, `keep_last` and `logger`.
+    `recipe` is any training recipe: it has `output_dir`, `global_step`, `epoch`, `batches_in_epoch`,
+    `model`, `optimizer`, `lr_scheduler`, `cfg["model"]`, `is_lora`, `model_dir`, `dtype`, `keep_last`
+    and `logger`. `counters` are what `resume_training` restores by the same names.
     `trained`: the module whose weights and optimizer state resume needs when it is more than `model`
     (PPO: policy and value model); `is_lora` / `model_dir`: the export's, when not the recipe's;
     `config_updates`: fields set in an exported Hugging Face folder's `config.json`.
@@ -328,6 +352,8 @@ def save_training_checkpoint(
     scheduler = recipe.lr_scheduler
     is_lora = recipe.is_lora if is_lora is _AS_RECIPE else is_lora
     model_dir = recipe.model_dir if model_dir is _AS_RECIPE else model_dir
+    state = {"epoch": recipe.epoch, "batches_in_epoch": recipe.batches_in_epoch,
+             **{name: getattr(recipe, name) for name in counters}, **(extra or {})}  # fmt: skip
     path = save_checkpoint(
         recipe.output_dir, recipe.global_step, model=trained or recipe.model, optimizer=recipe.optimizer,
         recipe_state={**state, "lr_scheduler": scheduler.state_dict() if scheduler is not None else None},

@@ -8,11 +8,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError, find_config, load_config
 from engine.training.model_setup import resolve_model_dir
+from engine.training.recipe_loop import LossIsNaN
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -132,10 +134,6 @@ def refuse_config_problems(cfg: dict, *, recipe: str) -> None:
         raise ConfigError.from_problems(problems)
 
 
-class LossIsNaN(RuntimeError):
-    """The step's loss is not finite: the run stops as failed, keeping the last good checkpoint."""
-
-
 def run_recipe_main(
     argv: list[str] | None,
     *,
@@ -188,3 +186,19 @@ def run_recipe_main(
         if recipe is not None:
             recipe.cleanup()
     shutdown(code)
+
+
+def recipe_entry(
+    name: str, recipe_cls: Callable[..., Any]
+) -> tuple[Callable[[dict], None], Callable[[list[str] | None], None]]:
+    """A training recipe module's two entry points, `check_config, recipe_main = recipe_entry(...)`:
+    `check_config(cfg)` refuses a config with problems before anything is built
+    (`refuse_config_problems`: ConfigError with the first, and how many more), and
+    `recipe_main(argv=None)` runs `--config FILE [overrides]` through `run_recipe_main` (every rank
+    ends with its exit code: 0, 1 NaN, 2 config)."""
+    check_config = partial(refuse_config_problems, recipe=name)
+
+    def recipe_main(argv: list[str] | None = None) -> None:
+        run_recipe_main(argv, name=name, recipe_cls=recipe_cls, check_config=check_config)
+
+    return check_config, recipe_main

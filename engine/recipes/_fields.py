@@ -121,3 +121,67 @@ def shared(key: str, doc: str | None = None, **changes) -> Field:
 def shared_fields(*keys: str) -> dict[str, Field]:
     """`{key: shared(key)}` for several keys, in order."""
     return {k: SHARED[k] for k in keys}
+
+
+_POSITIVE = Field(int, 1, "", minimum=1)
+
+# The keys the rollout recipes (ppo; grpo and grpo_async through engine.rl.grpo_trainer) read alike:
+# a step samples completions for a batch of prompts, scores them and trains on them.
+ROLLOUT: dict[str, Field] = {
+    "output_dir": shared("output_dir", "run folder (checkpoints, samples.jsonl)"),
+    "seed": shared("seed", "seed for new parameters, prompt order and sampling"),
+    "checkpoint_dir": shared(
+        "checkpoint_dir", "Hugging Face model folder of the starting policy, 'demo', or null (random init)"
+    ),
+    "model": shared(
+        "model", "_component_ policy builder; lora_* trains adapters (reference = adapters disabled)"
+    ),
+    "batch_size": shared("batch_size", "prompts per step"),
+    "max_new_tokens": _POSITIVE.but(default=128, doc="completion length cap"),
+    "temperature": Field(
+        float, 1.0, "sampling temperature of the rollouts (and of the log-probs of the ratio)", above=0.0
+    ),
+    "top_k": Field(int | None, None, "sample from the k most likely tokens (null: all)", minimum=1),
+    "top_p": Field(float | None, None, "nucleus sampling mass (null: off)", above=0.0, maximum=1.0),
+    "stop_tokens": Field(
+        list[int] | None,
+        None,
+        "extra token ids that end a completion (the tokenizer's stop tokens always do)",
+    ),
+    "rewards": Field(
+        dict | None,
+        None,
+        "{name: _component_ reward fn} called with completions=, answers=, prompts= (engine.rl.rewards)",
+        values=Field(dict, None, "a reward function", component=True),
+    ),  # fmt: skip
+    "reward_weights": Field(
+        dict[str, float] | None,
+        None,
+        "{name: weight} for the total reward (default 1 each)",
+        expect="a mapping of reward name to number, or null",
+    ),  # fmt: skip
+    "epochs": shared("epochs", "passes over the prompts"),
+    "max_steps_per_epoch": shared(
+        "max_steps_per_epoch", "cap on rollout steps per epoch (null: whole epoch)"
+    ),
+    "lr_scheduler": shared(
+        "lr_scheduler", "_component_ schedule (num_training_steps is filled in with optimizer steps), or null"
+    ),
+    "num_samples_to_log": Field(
+        int, 4, "completions per step written to output_dir/samples.jsonl", minimum=0
+    ),
+    "enable_activation_checkpointing": shared(
+        "enable_activation_checkpointing", "recompute blocks in backward"
+    ),
+    "save_every_n_steps": shared("save_every_n_steps", "checkpoint period in steps (null: epoch ends only)"),
+}
+
+
+def rollout_fields(*keys: str) -> dict[str, Field]:
+    """`{key: ROLLOUT[key]}` for several keys, in order (the rollout recipes' shared declarations)."""
+    return {k: ROLLOUT[k] for k in keys}
+
+
+def rollout(key: str, doc: str) -> Field:
+    """The rollout recipes' declaration of `key` with this recipe's own doc line."""
+    return ROLLOUT[key].but(doc=doc)

@@ -25,7 +25,6 @@ Exit codes as in SFT: 0 done or stopped by SIGTERM
 
 from __future__ import annotations
 
-import math
 import time
 from functools import partial
 from pathlib import Path
@@ -33,14 +32,15 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Schema
 from engine.data.sampler import EpochBatchSampler
 from engine.modules.loss.kto_loss import KTOLoss
-from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
-from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training import recipe_loop
+from engine.training.distributed import all_reduce_sum
 from engine.training.logprobs import token_logprobs
 from engine.training.model_setup import (
     build_model,
@@ -51,8 +51,6 @@ from engine.training.model_setup import (
 )
 from engine.training.optimizer_setup import build_optimizer
 from engine.training.router_aux import RouterAuxLoss
-from engine.training.runtime import parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 
@@ -119,33 +117,14 @@ class DPORecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
-        self.dist_info = dist_info
-        self.rank, self.world_size = rank_world()
-        self.device = pick_device(cfg["device"])
-        if dist_info is not None and self.device.type == "cuda":
-            self.device = dist_info.device
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg["output_dir"] or "./runs/dpo")
-        self.seed = int(cfg["seed"])
-        self.batch_size = int(cfg["batch_size"])
+        cfg = recipe_loop.start_recipe(self, CONFIG_SCHEMA, cfg, name="dpo", dist_info=dist_info)
         self.accum = int(cfg["gradient_accumulation_steps"])
-        self.epochs = int(cfg["epochs"])
-        self.keep_last = int(cfg["keep_last_n_checkpoints"])
-        self.clip_grad_norm = cfg["clip_grad_norm"]
-        self.save_every = cfg["save_every_n_steps"]
-        self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.history: list[dict[str, float]] = []  # rank 0's step metrics of this process (tests)
 
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
-        from engine.tracking import MetricLogger
-
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         cfg = self.cfg
         common = {"dtype": self.dtype, "seed": self.seed, "device": self.device, "dist_info": self.dist_info,
                   "compile": bool(cfg["compile"]), "fsdp_cfg": cfg["fsdp"]}  # fmt: skip
@@ -166,7 +145,7 @@ class DPORecipe:
         self.optimizer, self.lr_scheduler = build_optimizer(
             self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
         )
-        self._maybe_resume()
+        resume_training(self, "tokens_total")
         self.stop.install()
 
     def _setup_data(self) -> None:
@@ -207,28 +186,14 @@ class DPORecipe:
             batch_sampler=self.sampler,
             collate_fn=partial(collate, pad_id=self.tokenizer.pad_id),
         )
-        per_epoch = len(self.sampler) // self.accum
-        if per_epoch < 1:
-            raise ConfigError(
-                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
-                hint="lower it or the batch size, or use more pairs",
-                field="gradient_accumulation_steps",
-            )
-        if self.cfg["max_steps_per_epoch"] is not None:
-            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        per_epoch = recipe_loop.steps_per_epoch(
+            len(self.sampler),
+            self.accum,
+            self.cfg["max_steps_per_epoch"],
+            hint="lower it or the batch size, or use more pairs",
+        )
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
-
-    def _maybe_resume(self) -> None:
-        state = load_resume_state(
-            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=self.rank,
-        )  # fmt: skip
-        if state is None:
-            return
-        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.tokens_total = int(state.get("tokens_total", 0))
 
     # ------------------------------------------------------------------------------------ training
     def _sequence_logps(self, model, batch: dict) -> torch.Tensor:
@@ -315,8 +280,7 @@ class DPORecipe:
 
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
-        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
-        from engine.training.multinode import per_rank_memory
+        from engine.training import reset_peak_memory
 
         log = self.logger
         log.set_progress(self.global_step, self.total_steps)
@@ -346,19 +310,10 @@ class DPORecipe:
                 t = stats.tolist()
                 n = max(t[1], 1.0)
                 step_loss = t[0] / n
-                if not math.isfinite(step_loss):
-                    raise LossIsNaN(
-                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
-                    )
-                grad_norm = clip_grad_norm(
-                    self.model.parameters(),
-                    float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
+                recipe_loop.check_finite_loss(step_loss, self.global_step + 1)
+                lr, grad_norm = recipe_loop.optimizer_step(
+                    self.model.parameters(), self.optimizer, self.lr_scheduler, self.clip_grad_norm
                 )
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
                 self.global_step += 1
                 step_in_epoch += 1
                 self.tokens_total += int(t[7])
@@ -370,10 +325,8 @@ class DPORecipe:
                     "rewards/accuracy": t[4] / max(t[10], 1.0),
                     "logps/chosen": t[5] / max(t[8], 1.0),
                     "logps/rejected": t[6] / max(t[9], 1.0),
-                    "lr": float(lr),
-                    "grad_norm": float(
-                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                    ),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
                     "tokens_per_sec": t[7] / max(time.perf_counter() - t0, 1e-9),
                     "tokens_total": self.tokens_total,
                     "epoch": self.epoch,
@@ -382,53 +335,28 @@ class DPORecipe:
                     metrics["kl"] = kl_sum / self.accum
                 metrics.update(self.router_aux.metrics())  # MoE: `loss/aux`, the mean load-balancing loss
                 kl_sum = 0.0
-                # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
-                for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():
-                    log.log(self.global_step, {**metrics, **memory} if rank == 0 else memory, rank=rank)
+                recipe_loop.log_step(self, metrics)
                 self.history.append(metrics)
-                log.set_progress(self.global_step, self.total_steps)
                 stats.zero_()
                 if step_in_epoch >= self.steps_per_epoch:
                     break
-                stop = self.stop.requested_anywhere(self.device)
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
                 t0 = time.perf_counter()
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self.stop.requested_anywhere(self.device):
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         return 0
 
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the model (adapters or an HF folder), optimizer, recipe state."""
-        return save_training_checkpoint(
-            self,
-            {
-                "epoch": self.epoch,
-                "batches_in_epoch": self.batches_in_epoch,
-                "tokens_total": self.tokens_total,
-            },
-        )
+        return save_training_checkpoint(self, "tokens_total")
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)
 
 
-# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
-check_config = partial(refuse_config_problems, recipe="dpo")
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="dpo", recipe_cls=DPORecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("dpo", DPORecipe)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ asynchronous recipe, `grpo_async`, spreads generation over Ray actors). Exit cod
 from __future__ import annotations
 
 import time
-from functools import partial
 
-from engine.recipes._entry import refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.rl.grpo_trainer import GRPO_SCHEMA, GRPOTrainer
+from engine.training import recipe_loop
 
 # Every key this recipe reads (declared with the trainer it drives, which grpo_async shares).
 CONFIG_SCHEMA = GRPO_SCHEMA
@@ -53,30 +53,17 @@ class GRPORecipe(GRPOTrainer):
                 ro = self.rollout(batch["prompts"], batch["answers"])
                 self.batches_in_epoch += 1
                 self.step_on(ro, t0)
-                stop = self.stop.requested
                 if self.batches_in_epoch >= self.steps_per_epoch:
                     break
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self.stop.requested:
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         return 0
 
 
-# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
-check_config = partial(refuse_config_problems, recipe="grpo")
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="grpo", recipe_cls=GRPORecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("grpo", GRPORecipe)
 
 
 if __name__ == "__main__":

@@ -26,17 +26,17 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from functools import partial
 from pathlib import Path
 
 import torch
 
 from engine.config import ConfigError, ConfigProblem
 from engine.config.recipe_schema import Field, Schema
-from engine.recipes._entry import refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.rl.buffer import ReplayBuffer
 from engine.rl.grpo_trainer import GRPO_SCHEMA as _SYNC
 from engine.rl.grpo_trainer import GRPOTrainer
+from engine.training import recipe_loop
 
 
 def _staleness_problems(cfg: dict) -> list[ConfigProblem]:
@@ -272,11 +272,7 @@ class AsyncGRPORecipe(GRPOTrainer):
                 self.push_weights()
             for callback in self.step_callbacks:
                 callback(self)
-            stop = self.stop.requested
-            if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                self.save_checkpoint()
-            if stop:
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.save_or_stop(self):
                 return 0
         self.save_checkpoint()
         return 0
@@ -306,13 +302,8 @@ class AsyncGRPORecipe(GRPOTrainer):
             ray.shutdown()
 
 
-# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
-check_config = partial(refuse_config_problems, recipe="grpo_async")
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="grpo_async", recipe_cls=AsyncGRPORecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("grpo_async", AsyncGRPORecipe)
 
 
 if __name__ == "__main__":

@@ -17,21 +17,19 @@ Exit codes as in SFT: 0 done or stopped by SIGTERM (checkpoint first), 1 NaN los
 
 from __future__ import annotations
 
-import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
-from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
-from engine.training.distributed import rank_world
+from engine.training import recipe_loop
 from engine.training.model_setup import (
     build_model,
     build_tokenizer,
@@ -41,8 +39,7 @@ from engine.training.model_setup import (
 )
 from engine.training.optimizer_setup import build_optimizer
 from engine.training.router_aux import RouterAuxLoss
-from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
+from engine.training.runtime import forward_replaced
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 
@@ -97,33 +94,16 @@ class KDRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
-        self.rank, self.world_size = rank_world()
-        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
-            raise wrong
-        self.device = pick_device(cfg["device"])
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg["output_dir"] or "./runs/kd")
-        self.seed = int(cfg["seed"])
-        self.batch_size = int(cfg["batch_size"])
+        cfg = recipe_loop.start_recipe(self, CONFIG_SCHEMA, cfg, name="kd", dist_info=dist_info)
         self.accum = int(cfg["gradient_accumulation_steps"])
-        self.epochs = int(cfg["epochs"])
-        self.keep_last = int(cfg["keep_last_n_checkpoints"])
-        self.clip_grad_norm = cfg["clip_grad_norm"]
-        self.save_every = cfg["save_every_n_steps"]
-        self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.history: list[dict[str, float]] = []
 
     def setup(self) -> None:
         from engine.data import build_dataset
         from engine.data.collate import collate_for
-        from engine.tracking import MetricLogger
 
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         cfg = self.cfg
         common = {"dtype": self.dtype, "device": self.device, "compile": bool(cfg["compile"])}
         for key in ("checkpoint_dir", "teacher_checkpoint_dir"):  # named before any model is built
@@ -158,33 +138,17 @@ class KDRecipe:
             batch_sampler=self.sampler,
             collate_fn=collate_for(dataset, pad_id=self.tokenizer.pad_id),
         )
-        per_epoch = len(self.sampler) // self.accum
-        if per_epoch < 1:
-            raise ConfigError(
-                f"{self.accum} exceeds an epoch of {len(self.sampler)} micro-batches",
-                field="gradient_accumulation_steps",
-            )
-        if cfg["max_steps_per_epoch"] is not None:
-            per_epoch = min(per_epoch, int(cfg["max_steps_per_epoch"]))
+        per_epoch = recipe_loop.steps_per_epoch(
+            len(self.sampler), self.accum, cfg["max_steps_per_epoch"], hint="lower it or the batch size"
+        )
         self.steps_per_epoch, self.total_steps = per_epoch, per_epoch * self.epochs
         self.optimizer, self.lr_scheduler = build_optimizer(
             self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
         )
         self.loss_fn = instantiate(cfg["loss"] or {"_component_": "engine.modules.loss.KDLoss"})
         self.router_aux = RouterAuxLoss(self.model)  # MoE student: load balancing joins the loss
-        self._maybe_resume()
+        resume_training(self, "tokens_total")
         self.stop.install()
-
-    def _maybe_resume(self) -> None:
-        state = load_resume_state(
-            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=0,  # one process
-        )  # fmt: skip
-        if state is None:
-            return
-        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.tokens_total = int(state.get("tokens_total", 0))
 
     def losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(loss, kd, ce)` token means of one micro-batch (see KDLoss)."""
@@ -203,8 +167,6 @@ class KDRecipe:
 
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
-        from engine.training import clip_grad_norm, memory_stats
-
         log = self.logger
         log.set_progress(self.global_step, self.total_steps)
         self.model.train()
@@ -233,69 +195,38 @@ class KDRecipe:
                 step_tokens = sum(b["tokens"].numel() for b in pending)
                 pending = []
                 step_loss = sums[0] / total
-                if not math.isfinite(step_loss):
-                    raise LossIsNaN(
-                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
-                    )
-                gn = clip_grad_norm(
-                    self.model.parameters(), float(self.clip_grad_norm) if self.clip_grad_norm else None
+                recipe_loop.check_finite_loss(step_loss, self.global_step + 1)
+                lr, gn = recipe_loop.optimizer_step(
+                    self.model.parameters(), self.optimizer, self.lr_scheduler, self.clip_grad_norm
                 )
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
                 self.global_step += 1
                 step_in_epoch += 1
                 self.tokens_total += step_tokens
                 metrics = {
-                    "loss": step_loss, "loss/kd": sums[1] / total, "loss/ce": sums[2] / total, "lr": float(lr),
-                    "grad_norm": float(gn), "tokens_per_sec": step_tokens / max(time.perf_counter() - t0, 1e-9),
+                    "loss": step_loss, "loss/kd": sums[1] / total, "loss/ce": sums[2] / total, "lr": lr,
+                    "grad_norm": gn, "tokens_per_sec": step_tokens / max(time.perf_counter() - t0, 1e-9),
                     "tokens_total": self.tokens_total, "epoch": self.epoch, **self.router_aux.metrics(),
                 }  # fmt: skip
-                log.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+                recipe_loop.log_step(self, metrics)
                 self.history.append(metrics)
-                log.set_progress(self.global_step, self.total_steps)
                 if step_in_epoch >= self.steps_per_epoch:
                     break
-                stop = self.stop.requested
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self.stop.requested:
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         return 0
 
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the model (adapters or an HF folder), optimizer, recipe state."""
-        return save_training_checkpoint(
-            self,
-            {
-                "epoch": self.epoch,
-                "batches_in_epoch": self.batches_in_epoch,
-                "tokens_total": self.tokens_total,
-            },
-        )
+        return save_training_checkpoint(self, "tokens_total")
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)
 
 
-# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
-check_config = partial(refuse_config_problems, recipe="kd")
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="kd", recipe_cls=KDRecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("kd", KDRecipe)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ up here and the rollout -> GAE -> minibatch-epoch loop in one readable place; th
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -40,17 +39,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.recipe_schema import REQUIRED, Field, Schema
 from engine.data.sampler import EpochBatchSampler
-from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
-from engine.recipes._fields import shared, shared_fields
-from engine.training.distributed import rank_world
+from engine.recipes._entry import recipe_entry
+from engine.recipes._fields import rollout, rollout_fields, shared, shared_fields
+from engine.training import recipe_loop
 from engine.training.model_setup import build_model, build_tokenizer, check_vocab
+from engine.training.optimizer_setup import build_optimizer
 from engine.training.router_aux import RouterAuxLoss
-from engine.training.runtime import parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -96,15 +94,9 @@ def _reward_problems(cfg: dict) -> list[ConfigProblem]:
 # Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
 CONFIG_SCHEMA = Schema(
     {
-        "output_dir": shared("output_dir", "run folder (checkpoints, samples.jsonl)"),
-        "seed": shared("seed", "seed for new parameters, prompt order and sampling"),
+        **rollout_fields("output_dir", "seed"),
         **shared_fields("device", "dtype"),
-        "checkpoint_dir": shared(
-            "checkpoint_dir", "Hugging Face folder of the starting policy, 'demo', or null (random init)"
-        ),
-        "model": shared(
-            "model", "_component_ policy builder; lora_* trains adapters (reference = adapters disabled)"
-        ),
+        **rollout_fields("checkpoint_dir", "model"),
         "value_model": Field(dict, REQUIRED, "the trained value model: " + _SCORER, component=True),
         "value_checkpoint_dir": Field(
             str | None,
@@ -119,33 +111,22 @@ CONFIG_SCHEMA = Schema(
             None,
             "the reward model's *ForSequenceClassification folder (a reward_model run's model/)",
         ),
-        "rewards": Field(
-            dict | None,
-            None,
+        "rewards": rollout(
+            "rewards",
             "{name: _component_ reward fn} verifiable rewards instead of (or added to) the reward model",
-            values=Field(dict, None, "a reward function", component=True),
-        ),  # fmt: skip
-        "reward_weights": Field(
-            dict[str, float] | None,
-            None,
-            "{name: weight} for the verifiable rewards (default 1 each)",
-            expect="a mapping of reward name to number, or null",
-        ),  # fmt: skip
+        ),
+        "reward_weights": rollout(
+            "reward_weights", "{name: weight} for the verifiable rewards (default 1 each)"
+        ),
         "tokenizer": shared(
             "tokenizer", "_component_ tokenizer ('demo' path for the embedded model's); shared"
         ),
         "dataset": shared(
             "dataset", "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...)", controls=()
         ),  # fmt: skip
-        "batch_size": shared("batch_size", "prompts per step"),
+        **rollout_fields("batch_size"),
         "num_samples": _POSITIVE.but(doc="completions sampled per prompt"),
-        "max_new_tokens": _POSITIVE.but(default=128, doc="completion length cap"),
-        "temperature": Field(
-            float, 1.0, "sampling temperature of the rollouts (and of the ratio's log-probs)", above=0.0
-        ),  # fmt: skip
-        "top_k": Field(int | None, None, "sample from the k most likely tokens (null: all)", minimum=1),
-        "top_p": Field(float | None, None, "nucleus sampling mass (null: off)", above=0.0, maximum=1.0),
-        "stop_tokens": Field(list[int] | None, None, "extra token ids that end a completion"),
+        **rollout_fields("max_new_tokens", "temperature", "top_k", "top_p", "stop_tokens"),
         "missing_eos_penalty": Field(
             float | None, None, "subtracted from the score of a completion with no stop token (null: none)"
         ),
@@ -167,29 +148,16 @@ CONFIG_SCHEMA = Schema(
         "minibatch_size": Field(
             int | None, None, "completions per optimizer step (null: the whole batch)", minimum=1
         ),  # fmt: skip
-        "epochs": shared("epochs", "passes over the prompts"),
-        "max_steps_per_epoch": shared(
-            "max_steps_per_epoch", "cap on rollout steps per epoch (null: whole epoch)"
-        ),
+        **rollout_fields("epochs", "max_steps_per_epoch"),
         "optimizer": shared(
             "optimizer", "_component_ optimizer over the policy's and value model's parameters"
         ),
-        "lr_scheduler": shared(
-            "lr_scheduler",
-            "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
-        ),
+        **rollout_fields("lr_scheduler"),
         **shared_fields("clip_grad_norm"),
         "loss": shared("loss", "_component_ engine.modules.loss.PPOLoss {epsilon, value_clip, value_coeff}"),
-        "num_samples_to_log": Field(
-            int, 4, "completions per step written to output_dir/samples.jsonl", minimum=0
-        ),
-        "enable_activation_checkpointing": shared(
-            "enable_activation_checkpointing", "recompute blocks in backward"
-        ),
+        **rollout_fields("num_samples_to_log", "enable_activation_checkpointing"),
         **shared_fields("compile"),
-        "save_every_n_steps": shared(
-            "save_every_n_steps", "checkpoint period in steps (null: epoch ends only)"
-        ),
+        **rollout_fields("save_every_n_steps"),
         **shared_fields("keep_last_n_checkpoints", "resume"),
     },
     checks=(_reward_problems,),
@@ -227,21 +195,11 @@ class PPORecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
-        self.rank, self.world_size = rank_world()
-        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
-            raise wrong
-        self.device = pick_device(cfg.get("device"))
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/ppo")
-        self.seed = int(cfg["seed"])
-        self.batch_size = int(cfg["batch_size"])
+        cfg = recipe_loop.start_recipe(self, CONFIG_SCHEMA, cfg, name="ppo", dist_info=dist_info)
         self.num_samples = int(cfg["num_samples"])
         self.max_new_tokens = int(cfg["max_new_tokens"])
         self.temperature = float(cfg["temperature"])
         self.ppo_epochs = int(cfg["ppo_epochs"])
-        self.epochs = int(cfg["epochs"])
-        self.keep_last = int(cfg["keep_last_n_checkpoints"])
         self.gamma, self.lam = float(cfg["gamma"]), float(cfg["lam"])
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
@@ -280,22 +238,15 @@ class PPORecipe:
                 field="value_model",
             )
         self.missing_eos_penalty = cfg.get("missing_eos_penalty")
-        self.clip_grad_norm = cfg.get("clip_grad_norm")
-        self.save_every = cfg.get("save_every_n_steps")
-        self.global_step = self.epoch = self.batches_in_epoch = 0
         self.optimizer_steps = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
         from engine.modules.score_decoder import ScoreDecoder
         from engine.rl.ppo_advantages import AdaptiveKLController, FixedKLController
-        from engine.tracking import MetricLogger
 
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         cfg = self.cfg
         common = {"dtype": self.dtype, "seed": self.seed, "device": self.device,
                   "compile": bool(cfg["compile"])}  # fmt: skip
@@ -363,18 +314,14 @@ class PPORecipe:
         self._setup_data()
         # one module holding everything trained, so checkpoints and resume cover the value model too
         self.trainable = nn.ModuleDict({"policy": self.model, "value": self.value_model})
-        params = [p for p in self.trainable.parameters() if p.requires_grad]
-        if "optimizer" not in cfg:
-            raise ConfigError(
-                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-6}", field="optimizer"
-            )
-        self.optimizer = instantiate(cfg["optimizer"], params)
-        self.lr_scheduler = None
-        if cfg.get("lr_scheduler") is not None:
-            per_step = self.ppo_epochs * (self.batch_size * self.num_samples // self.minibatch_size)
-            self.lr_scheduler = instantiate(
-                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps * per_step
-            )
+        # The schedule counts optimizer steps: ppo_epochs passes over each rollout step's minibatches.
+        per_step = self.ppo_epochs * (self.batch_size * self.num_samples // self.minibatch_size)
+        self.optimizer, self.lr_scheduler = build_optimizer(
+            self.trainable,
+            cfg["optimizer"],
+            cfg["lr_scheduler"],
+            num_training_steps=self.total_steps * per_step,
+        )
         self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.PPOLoss"})
         # MoE policy / value model: each one's load balancing joins the loss (engine.training.router_aux)
         self.router_aux = RouterAuxLoss(self.model)
@@ -386,14 +333,8 @@ class PPORecipe:
             else AdaptiveKLController(kl_coeff, float(target), int(cfg["kl_horizon"]))
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
-        state = load_resume_state(
-            cfg, output_dir=self.output_dir, model=self.trainable, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=0,
-        )  # fmt: skip
+        state = resume_training(self, "optimizer_steps", trained=self.trainable)
         if state is not None:
-            self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
-            self.batches_in_epoch = int(state["batches_in_epoch"])
-            self.optimizer_steps = int(state.get("optimizer_steps", 0))
             self.kl_ctl.value = float(state.get("kl_coeff", self.kl_ctl.value))
             if state.get("generator") is not None:
                 self.generator.set_state(state["generator"])
@@ -467,7 +408,6 @@ class PPORecipe:
     def train_on(self, ro: dict) -> dict[str, float]:
         """Old/reference log-probs, values, KL-shaped rewards, GAE, then `ppo_epochs` x minibatch steps."""
         from engine.rl.ppo_advantages import gae, kl_penalised_rewards, masked_mean, mean_sequence_kl, whiten
-        from engine.training import clip_grad_norm
         from engine.training.logprobs import token_logprobs
         from engine.training.model_setup import reference_context
 
@@ -509,17 +449,14 @@ class PPORecipe:
                 loss, stats = self.loss_fn(
                     logps, old[idx], adv[idx], values, old_values[idx], returns[idx], mask[idx]
                 )
-                if not math.isfinite(loss.item()):
-                    raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
+                recipe_loop.check_finite_loss(loss.item(), self.global_step + 1)
                 (loss + aux).backward()
-                gn = clip_grad_norm(params, float(self.clip_grad_norm) if self.clip_grad_norm else None)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
+                _, gn = recipe_loop.optimizer_step(
+                    params, self.optimizer, self.lr_scheduler, self.clip_grad_norm
+                )
                 self.optimizer_steps += 1
                 sums["loss"] += loss.item()
-                sums["grad_norm"] += float(gn)
+                sums["grad_norm"] += gn
                 for k in keys:
                     sums[k] += float(stats[k])
                 n += 1
@@ -547,8 +484,6 @@ class PPORecipe:
 
     def step_on(self, ro: dict, t0: float) -> dict[str, float]:
         """Train on one rollout, advance `global_step`, log the step's metrics and samples."""
-        from engine.training import memory_stats
-
         train_stats = self.train_on(ro)
         self.global_step += 1
         lengths = torch.tensor([len(c) for c in ro["completions"]], dtype=torch.float32)
@@ -566,10 +501,9 @@ class PPORecipe:
             "step_time": time.perf_counter() - t0,
             "epoch": self.epoch,
         }
-        self.logger.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+        recipe_loop.log_step(self, metrics)
         self.history.append(metrics)
         self._log_samples(ro)
-        self.logger.set_progress(self.global_step, self.total_steps)
         return metrics
 
     def train(self) -> int:
@@ -585,19 +519,11 @@ class PPORecipe:
                 ro = self.rollout(batch["prompts"], batch["answers"])
                 self.batches_in_epoch += 1
                 self.step_on(ro, t0)
-                stop = self.stop.requested
                 if self.batches_in_epoch >= self.steps_per_epoch:
                     break
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self.stop.requested:
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         return 0
 
@@ -605,29 +531,15 @@ class PPORecipe:
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the policy (adapters or HF folder) in `model/`, policy and
         value weights + optimizer in `state/`, recipe state (KL coefficient, sampler, generator)."""
-        state = {
-            "epoch": self.epoch,
-            "batches_in_epoch": self.batches_in_epoch,
-            "optimizer_steps": self.optimizer_steps,
-            "kl_coeff": self.kl_ctl.value,
-            "generator": self.generator.get_state(),
-        }
-        return save_training_checkpoint(self, state, trained=self.trainable)
+        extra = {"kl_coeff": self.kl_ctl.value, "generator": self.generator.get_state()}
+        return save_training_checkpoint(self, "optimizer_steps", extra=extra, trained=self.trainable)
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)
 
 
-def check_config(cfg: dict, recipe: str = "ppo") -> None:
-    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe=recipe)
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="ppo", recipe_cls=PPORecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("ppo", PPORecipe)
 
 
 if __name__ == "__main__":

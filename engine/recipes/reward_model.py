@@ -21,7 +21,6 @@ every `every_n_steps` and at the end, and an eval result `held_out / reward_accu
 
 from __future__ import annotations
 
-import math
 import time
 from functools import partial
 from pathlib import Path
@@ -29,16 +28,16 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
-from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
-from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training import recipe_loop
+from engine.training.distributed import all_reduce_sum
 from engine.training.model_setup import build_model, build_tokenizer, check_sequence_length, check_vocab
-from engine.training.runtime import parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
+from engine.training.optimizer_setup import build_optimizer
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -129,35 +128,17 @@ class RewardModelRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
-        self.dist_info = dist_info
-        self.rank, self.world_size = rank_world()
-        self.device = pick_device(cfg["device"])
-        if dist_info is not None and self.device.type == "cuda":
-            self.device = dist_info.device
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg.get("output_dir") or "./runs/reward_model")
-        self.seed = int(cfg["seed"])
-        self.batch_size = int(cfg["batch_size"])
+        cfg = recipe_loop.start_recipe(self, CONFIG_SCHEMA, cfg, name="reward_model", dist_info=dist_info)
         self.accum = int(cfg["gradient_accumulation_steps"])
-        self.epochs = int(cfg["epochs"])
-        self.keep_last = int(cfg["keep_last_n_checkpoints"])
-        self.clip_grad_norm = cfg["clip_grad_norm"]
-        self.save_every = cfg["save_every_n_steps"]
-        self.global_step = self.epoch = self.batches_in_epoch = 0
         self.tokens_total = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.history: list[dict[str, float]] = []  # rank 0's step metrics of this process (tests)
         self.val_history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
         from engine.modules.score_decoder import ScoreDecoder
-        from engine.tracking import MetricLogger
 
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         cfg = self.cfg
         self.model, self.is_lora, self.model_dir = build_model(
             cfg["model"], cfg["checkpoint_dir"], trainable=True, dtype=self.dtype, seed=self.seed,
@@ -177,26 +158,11 @@ class RewardModelRecipe:
         self.tokenizer = build_tokenizer(cfg["tokenizer"])
         check_vocab(self.model, self.tokenizer)
         self._setup_data()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if "optimizer" not in cfg:
-            raise ConfigError(
-                "missing", hint="add e.g. {_component_: torch.optim.AdamW, lr: 1e-5}", field="optimizer"
-            )
-        self.optimizer = instantiate(cfg["optimizer"], params)
-        self.lr_scheduler = None
-        if cfg.get("lr_scheduler") is not None:
-            self.lr_scheduler = instantiate(
-                cfg["lr_scheduler"], self.optimizer, num_training_steps=self.total_steps
-            )
+        self.optimizer, self.lr_scheduler = build_optimizer(  # the head's and trainable weights
+            self.model, cfg["optimizer"], cfg["lr_scheduler"], num_training_steps=self.total_steps
+        )
         self.loss_fn = instantiate(cfg.get("loss") or {"_component_": "engine.modules.loss.BradleyTerryLoss"})
-        state = load_resume_state(
-            cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=self.rank,
-        )  # fmt: skip
-        if state is not None:
-            self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
-            self.batches_in_epoch = int(state["batches_in_epoch"])
-            self.tokens_total = int(state.get("tokens_total", 0))
+        resume_training(self, "tokens_total")
         self.stop.install()
 
     def _collate(self):
@@ -232,15 +198,12 @@ class RewardModelRecipe:
             seed=self.seed, shuffle=bool(self.cfg["shuffle"]),
         )  # fmt: skip
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=self._collate())
-        per_epoch = len(self.sampler) // self.accum
-        if per_epoch < 1:
-            raise ConfigError(
-                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
-                hint="lower it or the batch size, or use more pairs",
-                field="gradient_accumulation_steps",
-            )
-        if self.cfg.get("max_steps_per_epoch") is not None:
-            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        per_epoch = recipe_loop.steps_per_epoch(
+            len(self.sampler),
+            self.accum,
+            self.cfg["max_steps_per_epoch"],
+            hint="lower it or the batch size, or use more pairs",
+        )
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
 
@@ -284,7 +247,7 @@ class RewardModelRecipe:
 
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
-        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
+        from engine.training import reset_peak_memory
 
         log = self.logger
         log.set_progress(self.global_step, self.total_steps)
@@ -310,19 +273,10 @@ class RewardModelRecipe:
                 t = stats.tolist()
                 n = max(t[1], 1.0)
                 step_loss = t[0] / n
-                if not math.isfinite(step_loss):
-                    raise LossIsNaN(
-                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
-                    )
-                grad_norm = clip_grad_norm(
-                    self.model.parameters(),
-                    float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
+                recipe_loop.check_finite_loss(step_loss, self.global_step + 1)
+                lr, grad_norm = recipe_loop.optimizer_step(
+                    self.model.parameters(), self.optimizer, self.lr_scheduler, self.clip_grad_norm
                 )
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
                 self.global_step += 1
                 step_in_epoch += 1
                 self.tokens_total += int(t[5])
@@ -332,43 +286,27 @@ class RewardModelRecipe:
                     "margin": (t[3] - t[4]) / n,
                     "rewards/chosen": t[3] / n,
                     "rewards/rejected": t[4] / n,
-                    "lr": float(lr),
-                    "grad_norm": float(
-                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                    ),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
                     "tokens_per_sec": t[5] / max(time.perf_counter() - t0, 1e-9),
                     "tokens_total": self.tokens_total,
                     "epoch": self.epoch,
                 }
-                memory = memory_stats(self.device)
-                log.log(self.global_step, {**metrics, **memory} if self.rank == 0 else memory, rank=self.rank)
+                recipe_loop.log_step(self, metrics)
                 self.history.append(metrics)
-                log.set_progress(self.global_step, self.total_steps)
                 stats.zero_()
                 if self.val_loader is not None and self.global_step % self.val_every == 0:
                     self.evaluate()
                 if step_in_epoch >= self.steps_per_epoch:
                     break
-                stop = self._stop_requested()
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
                 t0 = time.perf_counter()
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self._stop_requested():
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         if self.val_loader is not None and (self.global_step % self.val_every or not self.val_history):
             self.evaluate()  # the final model's held-out accuracy
         return 0
-
-    def _stop_requested(self) -> bool:
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
-        return bool(all_reduce_sum(flag).item() > 0)
 
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -381,30 +319,18 @@ class RewardModelRecipe:
             if self.model_dir is not None and num_labels_of(read_hf_config(self.model_dir))
             else None
         )
-        state = {
-            "epoch": self.epoch,
-            "batches_in_epoch": self.batches_in_epoch,
-            "tokens_total": self.tokens_total,
-        }
         # transformers finds each row's last token by pad_token_id: a causal LM's config may lack it
         return save_training_checkpoint(
-            self, state, is_lora=False, model_dir=like, config_updates={"pad_token_id": self.tokenizer.pad_id}
-        )
+            self, "tokens_total", is_lora=False, model_dir=like,
+            config_updates={"pad_token_id": self.tokenizer.pad_id},
+        )  # fmt: skip
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)
 
 
-def check_config(cfg: dict, recipe: str = "reward_model") -> None:
-    """Refuse a config with problems before anything is built (ConfigError: the first problem)."""
-    refuse_config_problems(cfg, recipe=recipe)
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="reward_model", recipe_cls=RewardModelRecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("reward_model", RewardModelRecipe)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ lines, one Field per key) next to the one training loop that reads it; the plumb
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,16 +33,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from engine.checkpoint.export import write_merged_model
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.collate import collate_for
 from engine.data.sampler import EpochBatchSampler
 from engine.modules.moe import weighted_aux_loss
-from engine.recipes._entry import LossIsNaN, refuse_config_problems, run_recipe_main
+from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
+from engine.training import recipe_loop
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
-from engine.training.distributed import all_reduce_sum, rank_world
+from engine.training.distributed import all_reduce_sum
 from engine.training.holdout import validation_split
 from engine.training.model_setup import (
     build_model,
@@ -53,8 +52,7 @@ from engine.training.model_setup import (
     check_vocab,
 )
 from engine.training.optimizer_setup import build_optimizer
-from engine.training.runtime import forward_replaced, parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
+from engine.training.runtime import forward_replaced
 
 
 def _optimizer_in_backward_problems(cfg: dict) -> list[ConfigProblem]:
@@ -192,11 +190,7 @@ class SFTRecipe:
     """
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = CONFIG_SCHEMA.check(cfg)  # every key checked, defaults filled in
-        self.dist_info = dist_info
-        self.rank, self.world_size = rank_world()
-        if (wrong := CONFIG_SCHEMA.world_size_error(self.world_size, cfg)) is not None:
-            raise wrong
+        cfg = recipe_loop.start_recipe(self, CONFIG_SCHEMA, cfg, name="sft", dist_info=dist_info)
         # One mesh (dp_replicate, dp_shard, cp, tp): batches are split over the dp = dp_replicate x
         # dp_shard data-parallel groups; cp and tp ranks of a group share its batch.
         self.dims = parallel_dims(cfg, self.world_size)
@@ -208,36 +202,17 @@ class SFTRecipe:
         self.cp_rank = self.dims.coordinates(self.rank)["cp"]
         # FSDP2 averages gradients over the dp x cp ranks (cp ranks see different tokens).
         self.grad_ranks = self.dims.dp * self.dims.cp
-        self.device = pick_device(cfg["device"])
-        if dist_info is not None and self.device.type == "cuda":
-            self.device = dist_info.device  # one GPU per local rank
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg["output_dir"] or "./runs/sft")
-        self.seed = int(cfg["seed"])
-        self.batch_size = int(cfg["batch_size"])
         self.accum = int(cfg["gradient_accumulation_steps"])
-        self.epochs = int(cfg["epochs"])
         self.max_steps_per_epoch = cfg["max_steps_per_epoch"]
-        self.clip_grad_norm = cfg["clip_grad_norm"]
         self.optimizer_in_bwd = bool(cfg["optimizer_in_bwd"])
-        self.save_every = cfg["save_every_n_steps"]
-        self.keep_last = int(cfg["keep_last_n_checkpoints"])
         self.log_every = int(cfg["log_every_n_steps"])
-        self.global_step = 0
-        self.epoch = 0
-        self.batches_in_epoch = 0  # micro-batches of `self.epoch` already consumed
         self.tokens_total = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.loss_history: list[float] = []  # rank 0's step losses of this process (tests, benchmarks)
 
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
         """Build everything, in dependency order, then restore a checkpoint when resuming."""
-        from engine.tracking import MetricLogger
-
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         # The model first: the optimizer needs its (sharded) trainable parameters, and the loss
         # needs to know whether it projects hidden states itself (linear CE) or gets logits.
         self.model = self._setup_model()
@@ -255,7 +230,7 @@ class SFTRecipe:
         )  # fmt: skip
         self.loss_fn = self._setup_loss()
         # Resume last: it fills model, optimizer, scheduler, RNG and data position in place.
-        self._maybe_resume()
+        resume_training(self, "tokens_total")
         self.stop.install()
 
     def _setup_model(self) -> nn.Module:
@@ -321,15 +296,9 @@ class SFTRecipe:
         self.train_set = dataset
         self.loader = self._loader(dataset, shuffle=bool(cfg["shuffle"]))
         self.sampler = self.loader.batch_sampler
-        per_epoch = len(self.sampler) // self.accum
-        if per_epoch < 1:
-            raise ConfigError(
-                f"{self.accum} micro-batches exceed an epoch of {len(self.sampler)}",
-                hint="lower it or the batch size",
-                field="gradient_accumulation_steps",
-            )
-        if self.max_steps_per_epoch is not None:
-            per_epoch = min(per_epoch, int(self.max_steps_per_epoch))
+        per_epoch = recipe_loop.steps_per_epoch(
+            len(self.sampler), self.accum, self.max_steps_per_epoch, hint="lower it or the batch size"
+        )
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
 
@@ -357,18 +326,6 @@ class SFTRecipe:
         loss = instantiate(node, reduction="sum" if self.linear_ce else "none")
         self.linear_ce = isinstance(loss, LinearCrossEntropyLoss)
         return loss
-
-    def _maybe_resume(self) -> None:
-        state = load_resume_state(
-            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=self.rank,
-        )  # fmt: skip
-        if state is None:
-            return
-        self.global_step = int(state["step"])
-        self.epoch = int(state["epoch"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.tokens_total = int(state.get("tokens_total", 0))
 
     # ------------------------------------------------------------------------------------ training
     def _token_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -421,8 +378,7 @@ class SFTRecipe:
 
     def train(self) -> int:
         """Run to the end (0), to a SIGTERM (checkpoint, 0), or to a NaN loss (`LossIsNaN`)."""
-        from engine.training import clip_grad_norm, memory_stats, reset_peak_memory
-        from engine.training.multinode import per_rank_memory
+        from engine.training import reset_peak_memory
 
         reset_peak_memory(self.device)
         log = self.logger
@@ -480,71 +436,49 @@ class SFTRecipe:
                 all_reduce_sum(stats)
                 totals = (stats / self.tp).tolist()  # the step's one host sync; tp ranks counted once
                 step_loss = totals[0] / max(totals[1], 1.0)
-                if not math.isfinite(step_loss):
-                    raise LossIsNaN(
-                        f"loss is {'nan' if math.isnan(step_loss) else 'inf'} at step {self.global_step + 1}"
-                    )
-                grad_norm = None
+                recipe_loop.check_finite_loss(step_loss, self.global_step + 1)
                 if not self.optimizer_in_bwd:
                     if self.ep > 1:  # several EP groups: sum expert gradients over them
                         from engine.training.expert_parallel import reduce_expert_grads
 
                         reduce_expert_grads(self.model)
                     self._scale_grads(self.grad_ranks / max(totals[1], 1.0))
-                    grad_norm = clip_grad_norm(
-                        self.model.parameters(),
-                        float(self.clip_grad_norm) if self.clip_grad_norm is not None else None,
-                    )
-                self.optimizer.step()  # a no-op with optimizer_in_bwd: the updates ran in backward
-                self.optimizer.zero_grad(set_to_none=True)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
+                # optimizer_in_bwd: the updates ran in backward (no norm; its step() is a no-op)
+                params = None if self.optimizer_in_bwd else self.model.parameters()
+                lr, grad_norm = recipe_loop.optimizer_step(
+                    params, self.optimizer, self.lr_scheduler, self.clip_grad_norm
+                )
                 self.global_step += 1
                 step_in_epoch += 1
                 elapsed = time.perf_counter() - t0
                 self.tokens_total += int(totals[2])
                 metrics = {
                     "loss": step_loss,
-                    "lr": float(lr),
+                    "lr": lr,
                     "tokens_per_sec": totals[2] / max(elapsed, 1e-9),
                     "tokens_total": self.tokens_total,
                     "epoch": self.epoch,
                 }
                 if grad_norm is not None:
-                    metrics["grad_norm"] = float(
-                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                    )
+                    metrics["grad_norm"] = grad_norm
                 if self.is_moe:
                     metrics["loss/aux"] = totals[-1] / max(totals[1], 1.0)
                 if n_sources > 1:
                     for s, name in enumerate(self.source_names):
                         if totals[4 + 2 * s] > 0:
                             metrics[f"loss/{name}"] = totals[3 + 2 * s] / totals[4 + 2 * s]
-                # every rank's own figures, under its rank (several nodes: rank 0 logs all of them)
-                for rank, memory in per_rank_memory(memory_stats(self.device), self.device).items():
-                    log.log(self.global_step, {**metrics, **memory} if rank == 0 else memory, rank=rank)
+                recipe_loop.log_step(self, metrics)
                 self.loss_history.append(step_loss)
-                log.set_progress(self.global_step, self.total_steps)
                 stats.zero_()
 
                 if self.val_every and self.global_step % self.val_every == 0:
                     self.validate()
                 if step_in_epoch >= self.steps_per_epoch:
                     break  # the epoch-end checkpoint below covers this step
-                stop = self.stop.requested_anywhere(self.device)
-                if stop or (self.save_every and self.global_step % int(self.save_every) == 0):
-                    self.save_checkpoint()
-                if stop:
-                    log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+                if recipe_loop.save_or_stop(self):
                     return 0
                 t0 = time.perf_counter()
-            # ---- epoch end ----------------------------------------------------------------------
-            self.epoch += 1
-            self.batches_in_epoch = 0
-            self.save_checkpoint()
-            if self.stop.requested_anywhere(self.device):
-                log.event(self.global_step, "stopped", "stopped by SIGTERM after a checkpoint")
+            if recipe_loop.end_epoch(self):
                 return 0
         if self.cfg["save_merged_model"] and self.is_lora:
             self._save_merged()
@@ -574,14 +508,7 @@ class SFTRecipe:
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: the model (adapters or an HF folder), optimizer, recipe state."""
-        return save_training_checkpoint(
-            self,
-            {
-                "epoch": self.epoch,
-                "batches_in_epoch": self.batches_in_epoch,
-                "tokens_total": self.tokens_total,
-            },
-        )
+        return save_training_checkpoint(self, "tokens_total")
 
     def _save_merged(self) -> None:
         """`output_dir/merged/`: adapters folded into the base, a Hugging Face folder."""
@@ -589,18 +516,11 @@ class SFTRecipe:
                            dtype=self.dtype)  # fmt: skip
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)
 
 
-# Refuse a config with problems before anything is built (ConfigError: the first, and how many more).
-check_config = partial(refuse_config_problems, recipe="sft")
-
-
-def recipe_main(argv: list[str] | None = None) -> None:
-    """Entry point: `--config FILE [overrides]`; every rank ends with its exit code (0, 1 NaN, 2 config)."""
-    run_recipe_main(argv, name="sft", recipe_cls=SFTRecipe, check_config=check_config)
+# the config check before anything is built, and `--config FILE [overrides]` (exit codes 0/1/2)
+check_config, recipe_main = recipe_entry("sft", SFTRecipe)
 
 
 if __name__ == "__main__":

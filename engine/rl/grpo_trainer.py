@@ -5,26 +5,22 @@ Ray generators) each run their own training loop over it; see engine/recipes/grp
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
-from engine.checkpoint.recipe_state import load_resume_state, save_training_checkpoint
+from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
 from engine.config import ConfigError, ConfigProblem, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
-from engine.recipes._entry import LossIsNaN
-from engine.recipes._fields import shared, shared_fields
+from engine.recipes._fields import rollout_fields, shared, shared_fields
 from engine.rl.rollout import Rollout, generate_and_score, rollout_attention_mask, rollout_batch
-from engine.training.distributed import rank_world
+from engine.training import recipe_loop
 from engine.training.model_setup import build_model, build_tokenizer, check_vocab
 from engine.training.optimizer_setup import build_optimizer
 from engine.training.router_aux import RouterAuxLoss
-from engine.training.runtime import parse_dtype, pick_device, set_seed
-from engine.training.stop_flag import StopFlag
 
 _NO_BWD = "reads no optimizer_in_bwd (only sft steps the optimizer in backward)"
 _POSITIVE = Field(int, 1, "", minimum=1)
@@ -63,49 +59,21 @@ def _rollout_problems(cfg: dict) -> list[ConfigProblem]:
 # Every key this recipe reads: validation, `tunebench validate`, the launcher and the Recipe screen read it.
 GRPO_SCHEMA = Schema(
     {
-        "output_dir": shared("output_dir", "run folder (checkpoints, samples.jsonl)"),
-        "seed": shared("seed", "seed for new parameters, prompt order and sampling"),
+        **rollout_fields("output_dir", "seed"),
         **shared_fields("device", "dtype"),
-        "checkpoint_dir": shared(
-            "checkpoint_dir",
-            "Hugging Face model folder of the starting policy, 'demo', or null (random init)",
-        ),
-        "model": shared(
-            "model", "_component_ model builder; lora_* trains adapters (reference = adapters disabled)"
-        ),
+        **rollout_fields("checkpoint_dir", "model"),
         "tokenizer": shared("tokenizer", "_component_ tokenizer ('demo' path for the embedded model's)"),
         "dataset": shared(
             "dataset",
             "_component_ prompt dataset (prompt_dataset, demo_prompt_dataset, ...): prompts + answers",
             controls=(),
         ),  # fmt: skip
-        "batch_size": shared("batch_size", "prompts per step"),
+        **rollout_fields("batch_size"),
         "group_size": _POSITIVE.but(
             default=8, doc="completions sampled per prompt (G); advantages are normalised within each group"
         ),
-        "max_new_tokens": _POSITIVE.but(default=128, doc="completion length cap"),
-        "temperature": Field(
-            float, 1.0, "sampling temperature of the rollouts (and of the log-probs of the ratio)", above=0.0
-        ),
-        "top_k": Field(int | None, None, "sample from the k most likely tokens (null: all)", minimum=1),
-        "top_p": Field(float | None, None, "nucleus sampling mass (null: off)", above=0.0, maximum=1.0),
-        "stop_tokens": Field(
-            list[int] | None,
-            None,
-            "extra token ids that end a completion (the tokenizer's stop tokens always do)",
-        ),
-        "rewards": Field(
-            dict | None,
-            None,
-            "{name: _component_ reward fn} called with completions=, answers=, prompts= (engine.rl.rewards)",
-            values=Field(dict, None, "a reward function", component=True),
-        ),  # fmt: skip
-        "reward_weights": Field(
-            dict[str, float] | None,
-            None,
-            "{name: weight} for the total reward (default 1 each)",
-            expect="a mapping of reward name to number, or null",
-        ),  # fmt: skip
+        **rollout_fields("max_new_tokens", "temperature", "top_k", "top_p", "stop_tokens"),
+        **rollout_fields("rewards", "reward_weights"),
         "scale_rewards": Field(
             bool,
             True,
@@ -120,29 +88,16 @@ GRPO_SCHEMA = Schema(
             "completions per optimizer step (null: all of the step's batch_size * group_size)",
             minimum=1,
         ),  # fmt: skip
-        "epochs": shared("epochs", "passes over the prompts"),
-        "max_steps_per_epoch": shared(
-            "max_steps_per_epoch", "cap on rollout steps per epoch (null: whole epoch)"
-        ),
+        **rollout_fields("epochs", "max_steps_per_epoch"),
         **shared_fields("optimizer"),
-        "lr_scheduler": shared(
-            "lr_scheduler",
-            "_component_ schedule (num_training_steps is filled in with optimizer steps), or null",
-        ),
+        **rollout_fields("lr_scheduler"),
         **shared_fields("clip_grad_norm"),
         "loss": shared(
             "loss", "_component_ engine.modules.loss.GRPOLoss {epsilon, epsilon_high, kl_coeff, aggregation}"
         ),
-        "num_samples_to_log": Field(
-            int, 4, "completions per step written to output_dir/samples.jsonl", minimum=0
-        ),
-        "enable_activation_checkpointing": shared(
-            "enable_activation_checkpointing", "recompute blocks in backward"
-        ),
+        **rollout_fields("num_samples_to_log", "enable_activation_checkpointing"),
         **shared_fields("compile"),
-        "save_every_n_steps": shared(
-            "save_every_n_steps", "checkpoint period in steps (null: epoch ends only)"
-        ),
+        **rollout_fields("save_every_n_steps"),
         **shared_fields("keep_last_n_checkpoints", "resume"),
     },
     checks=(_rollout_problems,),
@@ -168,38 +123,20 @@ class GRPOTrainer:
     schema = GRPO_SCHEMA  # a recipe with more keys names its own
 
     def __init__(self, cfg: dict, *, dist_info=None) -> None:
-        self.cfg = cfg = self.schema.check(cfg)  # every key checked, defaults filled in
-        self.rank, self.world_size = rank_world()
-        if (wrong := self.schema.world_size_error(self.world_size, cfg)) is not None:
-            raise wrong
-        self.device = pick_device(cfg["device"])
-        self.dtype = parse_dtype(cfg["dtype"])
-        self.output_dir = Path(cfg["output_dir"] or "./runs/grpo")
-        self.seed = cfg["seed"]
-        self.batch_size = cfg["batch_size"]
+        cfg = recipe_loop.start_recipe(self, self.schema, cfg, name="grpo", dist_info=dist_info)
         self.group_size = cfg["group_size"]
         self.max_new_tokens = cfg["max_new_tokens"]
         self.temperature = float(cfg["temperature"])
         self.ppo_epochs = cfg["ppo_epochs"]
-        self.epochs = cfg["epochs"]
-        self.keep_last = cfg["keep_last_n_checkpoints"]
         self.minibatch_size = cfg["minibatch_size"] or self.batch_size * self.group_size
         self.reward_nodes = dict(cfg["rewards"])
         self.reward_weights = dict(cfg["reward_weights"] or {})
-        self.clip_grad_norm = cfg["clip_grad_norm"]
-        self.save_every = cfg["save_every_n_steps"]
-        self.global_step = self.epoch = self.batches_in_epoch = 0
         self.optimizer_steps = 0
-        self.stop = StopFlag()
-        self.logger = None
         self.history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------------------------ set-up
     def setup(self) -> None:
-        from engine.tracking import MetricLogger
-
-        set_seed(self.seed)
-        self.logger = MetricLogger.from_env(rank=self.rank)
+        recipe_loop.start_setup(self)
         cfg = self.cfg
         common = {
             "dtype": self.dtype,
@@ -231,7 +168,9 @@ class GRPOTrainer:
         )
         self.router_aux = RouterAuxLoss(self.model)  # MoE policy: load balancing joins the loss
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
-        self._maybe_resume()
+        state = resume_training(self, "optimizer_steps")
+        if state is not None and state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
         self.stop.install()
 
     def _setup_data(self) -> None:
@@ -255,19 +194,6 @@ class GRPOTrainer:
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
 
-    def _maybe_resume(self) -> None:
-        state = load_resume_state(
-            self.cfg, output_dir=self.output_dir, model=self.model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, logger=self.logger, rank=0,  # one process
-        )  # fmt: skip
-        if state is None:
-            return
-        self.global_step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.optimizer_steps = int(state.get("optimizer_steps", 0))
-        if state.get("generator") is not None:
-            self.generator.set_state(state["generator"])
-
     # ------------------------------------------------------------------------------------ one step
     def rollout(self, prompts: list[list[int]], answers: list[str]) -> Rollout:
         """Sample G completions per prompt with the current policy and score them."""
@@ -281,7 +207,6 @@ class GRPOTrainer:
     def train_on(self, ro: Rollout) -> dict[str, float]:
         """Advantages, old/reference log-probs, then `ppo_epochs` x minibatch optimizer steps."""
         from engine.modules.loss import group_advantages
-        from engine.training import clip_grad_norm
         from engine.training.logprobs import token_logprobs
         from engine.training.model_setup import reference_context
 
@@ -310,19 +235,14 @@ class GRPOTrainer:
                 loss, stats = self.loss_fn(
                     logps, old[idx], adv[idx], mask[idx], None if ref is None else ref[idx]
                 )
-                if not math.isfinite(loss.item()):
-                    raise LossIsNaN(f"loss is {loss.item()} at step {self.global_step + 1}")
+                recipe_loop.check_finite_loss(loss.item(), self.global_step + 1)
                 (loss + aux).backward()
-                gn = clip_grad_norm(
-                    self.model.parameters(), float(self.clip_grad_norm) if self.clip_grad_norm else None
+                _, gn = recipe_loop.optimizer_step(
+                    self.model.parameters(), self.optimizer, self.lr_scheduler, self.clip_grad_norm
                 )
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
                 self.optimizer_steps += 1
                 sums["loss"] += loss.item()
-                sums["grad_norm"] += float(gn)
+                sums["grad_norm"] += gn
                 for k in ("kl", "clip_fraction", "ratio"):
                     sums[k] += float(stats[k])
                 n += 1
@@ -350,8 +270,6 @@ class GRPOTrainer:
 
     def step_on(self, ro: Rollout, t0: float, extra: dict | None = None) -> dict[str, float]:
         """Train on one rollout, advance `global_step`, log the step's metrics and samples."""
-        from engine.training import memory_stats
-
         train_stats = self.train_on(ro)
         self.global_step += 1
         lengths = torch.tensor([len(c) for c in ro.completions], dtype=torch.float32)
@@ -370,21 +288,17 @@ class GRPOTrainer:
             "epoch": self.epoch,
             **(extra or {}),
         }
-        self.logger.log(self.global_step, {**metrics, **memory_stats(self.device)}, rank=self.rank)
+        recipe_loop.log_step(self, metrics)
         self.history.append(metrics)
         self._log_samples(ro)
-        self.logger.set_progress(self.global_step, self.total_steps)
         return metrics
 
     # --------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """`output_dir/checkpoints/step_<N>/`: policy (adapters or HF folder), optimizer, recipe state."""
         return save_training_checkpoint(
-            self, {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                   "optimizer_steps": self.optimizer_steps, "generator": self.generator.get_state()},
-        )  # fmt: skip
+            self, "optimizer_steps", extra={"generator": self.generator.get_state()}
+        )
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.flush()
-            self.logger.close()
+        recipe_loop.close_logger(self.logger)

@@ -116,21 +116,6 @@ class DigitUnpaired(Dataset):
         return {"tokens": list(tokens), "labels": list(labels), "desirable": desirable, "source_id": 0}
 
 
-def digit_unpaired_dataset(
-    tokenizer,
-    *,
-    n: int = 512,
-    distractors: int = 3,
-    desirable_share: float = 0.5,
-    wrong_offset: int | None = None,
-    seed: int = 0,
-) -> DigitUnpaired:
-    """Builder for configs (`_component_: engine.rl.toy_preferences.digit_unpaired_dataset`)."""
-    return DigitUnpaired(
-        tokenizer,
-        n=n,
-        distractors=distractors,
-        desirable_share=desirable_share,
-        wrong_offset=wrong_offset,
-        seed=seed,
-    )
+# The builder configs name (`_component_: engine.rl.toy_preferences.digit_unpaired_dataset`): the class
+# itself, so its arguments and defaults are declared once.
+digit_unpaired_dataset = DigitUnpaired

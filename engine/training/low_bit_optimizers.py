@@ -82,21 +82,10 @@ def adamw_8bit(
     Raises:
         ConfigError: see `check_low_bit_optimizer_supported`.
     """
-    params = list(params)
-    check_low_bit_optimizer_supported(_params_device(params), name="AdamW8bit")
-    from engine.modules.torchao_import import import_torchao
-
-    AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # noqa: N806
-
-    return AdamW8bit(
-        params,
-        lr=lr,
-        betas=tuple(betas),
-        eps=eps,
-        weight_decay=weight_decay,
-        block_size=block_size,
+    return _torchao_adamw(
+        "AdamW8bit", params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, block_size=block_size,
         bf16_stochastic_round=bf16_stochastic_round,
-    )
+    )  # fmt: skip
 
 
 def adamw_4bit(
@@ -113,21 +102,20 @@ def adamw_4bit(
     Raises:
         ConfigError: see `check_low_bit_optimizer_supported`.
     """
+    return _torchao_adamw(
+        "AdamW4bit", params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, block_size=block_size,
+        bf16_stochastic_round=bf16_stochastic_round,
+    )  # fmt: skip
+
+
+def _torchao_adamw(name: str, params: Iterable, *, betas: tuple[float, float], **kwargs) -> Optimizer:
+    """`torchao.optim.<name>` over `params`, after the device check (`check_low_bit_optimizer_supported`)."""
     params = list(params)
-    check_low_bit_optimizer_supported(_params_device(params), name="AdamW4bit")
+    check_low_bit_optimizer_supported(_params_device(params), name=name)
     from engine.modules.torchao_import import import_torchao
 
-    AdamW4bit = import_torchao("torchao.optim").AdamW4bit  # noqa: N806
-
-    return AdamW4bit(
-        params,
-        lr=lr,
-        betas=tuple(betas),
-        eps=eps,
-        weight_decay=weight_decay,
-        block_size=block_size,
-        bf16_stochastic_round=bf16_stochastic_round,
-    )
+    optimizer_cls = getattr(import_torchao("torchao.optim"), name)
+    return optimizer_cls(params, betas=tuple(betas), **kwargs)
 
 
 def optimizer_state_bytes(optimizer: Optimizer) -> int:

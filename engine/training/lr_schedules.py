@@ -8,6 +8,7 @@ Step `t` (0-based, the number of optimizer steps taken so far) has factor `(t + 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -44,6 +45,29 @@ def _warmup(step: int, num_warmup_steps: int) -> float | None:
     return (step + 1) / num_warmup_steps if step < num_warmup_steps else None
 
 
+def _warmup_then_decay(
+    optimizer: Optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float,
+    shape: Callable[[float], float],
+    last_epoch: int,
+) -> LambdaLR:
+    """Linear warmup, then the factor `min_lr_ratio + (1 - min_lr_ratio) * shape(progress)`, where
+    progress goes 0 -> 1 over the steps after warmup (held at 1 past `num_training_steps`) and `shape`
+    goes 1 -> 0. Raises ConfigError as `cosine_schedule_with_warmup`."""
+    _check(num_warmup_steps, num_training_steps, min_lr_ratio)
+
+    def factor(step: int) -> float:
+        warm = _warmup(step, num_warmup_steps)
+        if warm is not None:
+            return warm
+        progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * shape(progress)
+
+    return LambdaLR(optimizer, factor, last_epoch)
+
+
 def cosine_schedule_with_warmup(
     optimizer: Optimizer,
     num_warmup_steps: int,
@@ -61,17 +85,13 @@ def cosine_schedule_with_warmup(
     Raises:
         ConfigError: negative warmup, warmup > training steps, ratio outside [0, 1].
     """
-    _check(num_warmup_steps, num_training_steps, min_lr_ratio)
 
-    def factor(step: int) -> float:
-        warm = _warmup(step, num_warmup_steps)
-        if warm is not None:
-            return warm
-        progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
-        cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * progress))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+    def cosine(progress: float) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * progress))
 
-    return LambdaLR(optimizer, factor, last_epoch)
+    return _warmup_then_decay(
+        optimizer, num_warmup_steps, num_training_steps, min_lr_ratio, cosine, last_epoch
+    )
 
 
 def linear_schedule_with_warmup(
@@ -86,16 +106,11 @@ def linear_schedule_with_warmup(
     Raises:
         ConfigError: as `cosine_schedule_with_warmup`.
     """
-    _check(num_warmup_steps, num_training_steps, min_lr_ratio)
 
-    def factor(step: int) -> float:
-        warm = _warmup(step, num_warmup_steps)
-        if warm is not None:
-            return warm
-        progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+    def line(progress: float) -> float:
+        return 1.0 - progress
 
-    return LambdaLR(optimizer, factor, last_epoch)
+    return _warmup_then_decay(optimizer, num_warmup_steps, num_training_steps, min_lr_ratio, line, last_epoch)
 
 
 def constant_schedule_with_warmup(

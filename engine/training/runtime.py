@@ -24,18 +24,24 @@ def parse_dtype(name: str, *, field: str = "dtype") -> torch.dtype:
         raise ConfigError(f"unknown dtype {name!r}", hint="use fp32 or bf16", field=field) from None
 
 
-def pick_device(name: str | None) -> torch.device:
-    """`cpu`, `cuda`, or `auto`/None (CUDA when present). Raises ConfigError for cuda without a GPU."""
+def pick_device(name: str | None, dist_info: Any = None) -> torch.device:
+    """`cpu`, `cuda`, or `auto`/None (CUDA when present); on CUDA with `dist_info` (from
+    `init_distributed`, several processes) the local rank's own GPU. Raises ConfigError for cuda
+    without a GPU."""
     name = (name or "auto").lower()
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             "cuda requested but no CUDA device is visible", hint="set device=cpu", field="device"
         )
-    if name not in ("cpu",) and not name.startswith("cuda"):
+    elif name not in ("cpu",) and not name.startswith("cuda"):
         raise ConfigError(f"unknown device {name!r}", hint="use cpu, cuda or auto", field="device")
-    return torch.device(name)
+    else:
+        device = torch.device(name)
+    if dist_info is not None and device.type == "cuda":
+        return dist_info.device  # one GPU per local rank
+    return device
 
 
 def set_seed(seed: int) -> None:
