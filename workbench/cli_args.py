@@ -21,6 +21,39 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} — see `{self.prog} --help`\n")
 
 
+def add_documented_command(
+    sub: argparse._SubParsersAction, name: str, help: str, doc: str | None
+) -> argparse.ArgumentParser:
+    """A subcommand whose `--help` description is its module docstring `doc` minus the usage line (the
+    second paragraph; none under `python -OO`, which strips docstrings)."""
+    return sub.add_parser(name, help=help, description=doc.split("\n\n")[1] if doc else None)
+
+
+def add_recipe_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    options: AddOptions,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A `tunebench NAME RECIPE [options] [key=value ...]` subcommand (`run`, `sweep`): the recipe
+    positional, then `options` and overrides in any order (`rest`; `func` re-reads it with
+    `parse_mixed(args, options, ...)`)."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("recipe", help="recipe name: sft, dpo, kd, grpo, ... (engine.recipes.<recipe>)")
+    add_rest(p)
+    options(p)
+    p.set_defaults(func=func)
+    return p
+
+
+def add_config_option(p: argparse.ArgumentParser) -> None:
+    """`--config`, required by the command itself (not argparse: it may follow the overrides)."""
+    p.add_argument("--config", help="a YAML file or a built-in config name (tunebench ls); required")
+
+
 def add_rest(p: argparse.ArgumentParser) -> None:
     """The catch-all positional holding options and overrides that follow the first positional."""
     p.add_argument(

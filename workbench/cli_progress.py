@@ -127,6 +127,15 @@ def follow(
             return 0
 
 
+def announce_and_follow(rec: RunRecord, how: str, *, detach: bool) -> int:
+    """After launching `rec`: print `run NAME (ID) <how>; log: <output_dir>/stdout.log`, then `follow`
+    it on stderr to its end (its exit code), or return 0 at once when `detach`."""
+    print(f"run {rec.name} ({rec.id}) {how}; log: {rec.output_dir}/stdout.log", flush=True)
+    if detach:
+        return 0
+    return follow(rec.id, stream=sys.stderr)
+
+
 def _emit(out: TextIO, tty: bool, text: str, *, final: bool = False) -> None:
     if tty:
         out.write("\r\x1b[2K")

@@ -10,6 +10,10 @@ Two kinds of settings:
   recipe does not read is absent, with the reason in `absent_controls` (shown by the screen).
 
 Pure functions; no textual, no torch (`recipe_problems` imports the engine's own checks lazily).
+
+Length: just over 500 lines because the knob and control tables, the overrides each control writes and
+the config -> memory-estimate mapping are one model of what the Recipe screen edits; the keys' own
+declarations (type, default, bounds, doc) stay in each recipe's `CONFIG_SCHEMA`, read from here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 
 from engine.config import apply_overrides, list_builtin_configs, parse_yaml, recipe_from_text, validate
 from engine.config.recipe_schema import CONTROL_NAMES
+from engine.training import recipe_loop
 from engine.training.memory_estimate import ModelShape, TrainingOptions, estimate_memory
 from workbench.recipe_options import (
     CHUNKED_CE,
@@ -83,7 +84,9 @@ def test_absent_controls_match_what_each_recipe_reads(recipe):
     # Several processes: FSDP recipes; the others refuse a world size above 1 at set-up.
     assert ("nproc" in absent) == ("fsdp" not in keys)
     if "nproc" in absent:
-        assert "world_size_error(self.world_size" in source and module.CONFIG_SCHEMA.max_nproc == 1
+        # every recipe's __init__ starts with recipe_loop.start_recipe, which refuses that world size
+        assert "recipe_loop.start_recipe(self, " in source and module.CONFIG_SCHEMA.max_nproc == 1
+        assert "schema.world_size_error(recipe.world_size" in inspect.getsource(recipe_loop.start_recipe)
         assert max_nproc(recipe, 8) == 1
     for name, why in absent.items():
         assert name in {c.name for c in CONTROLS} and len(why) > 10

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from workbench.cli_args import add_rest, parse_mixed
 
@@ -24,15 +23,10 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
-    from workbench.cli_progress import follow
+    from workbench.cli_progress import announce_and_follow
 
     args = parse_mixed(args, _options, prog="tunebench clone")
     rec = launcher.clone(args.run, args.overrides, name=args.name, nproc=args.nproc)
-    rec = launcher.launch(rec.id)
-    print(
-        f"run {rec.name} ({rec.id}) cloned from {args.run} and launched; log: {rec.output_dir}/stdout.log",
-        flush=True,
+    return announce_and_follow(
+        launcher.launch(rec.id), f"cloned from {args.run} and launched", detach=args.detach
     )
-    if args.detach:
-        return 0
-    return follow(rec.id, stream=sys.stderr)

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
 
 # What tunebench loads; .bin/.pth/.gguf duplicates of the same weights are skipped by default.
@@ -30,12 +31,11 @@ DEFAULT_PATTERNS = (
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+_HELP = "download a model from the Hugging Face Hub (resumable) into TUNEBENCH_HOME/models"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "download",
-        help="download a model from the Hugging Face Hub (resumable) into TUNEBENCH_HOME/models",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "download", _HELP, __doc__)
     p.add_argument("repo_id", metavar="REPO_ID", help="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
     p.add_argument(
         "--output-dir", default=None, help="where to put the files (default: TUNEBENCH_HOME/models/ORG--NAME)"

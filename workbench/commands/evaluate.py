@@ -17,17 +17,17 @@ import re
 import sys
 from pathlib import Path
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
 
 _STEP = re.compile(r"^step_(\d+)$")
 
 
+_HELP = "evaluate a run's checkpoint or a model folder with lm-evaluation-harness tasks"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="evaluate a run's checkpoint or a model folder with lm-evaluation-harness tasks",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "eval", _HELP, __doc__)
     p.add_argument(
         "target", metavar="RUN_OR_MODEL", help="run id/name, model folder, checkpoint folder, or demo"
     )

@@ -13,17 +13,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
 
 TYPES = ("f16", "bf16", "q8_0")
 
 
+_HELP = "write a run's or folder's merged model as a GGUF file (llama.cpp, Ollama)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "export-model",
-        help="write a run's or folder's merged model as a GGUF file (llama.cpp, Ollama)",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "export-model", _HELP, __doc__)
     p.add_argument(
         "source", metavar="RUN_OR_DIR", help="run id or name, checkpoint or model folder, or `demo`"
     )

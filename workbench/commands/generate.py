@@ -17,17 +17,17 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
 
 _STEP = re.compile(r"^step_(\d+)$")
 
 
+_HELP = "generate text from a model folder, a run checkpoint or the demo model"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "generate",
-        help="generate text from a model folder, a run checkpoint or the demo model",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "generate", _HELP, __doc__)
     p.add_argument(
         "model", metavar="MODEL", help="model folder, `demo`, run checkpoint, run id, or local model name"
     )

@@ -15,6 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
 
 
@@ -32,12 +33,11 @@ class LocalModel:
     ready: bool  # False for the demo before its first conversion
 
 
+_HELP = "list model presets and the models downloaded or converted on this machine"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "models",
-        help="list model presets and the models downloaded or converted on this machine",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "models", _HELP, __doc__)
     p.add_argument("--json", action="store_true", help="print JSON: {presets: [...], local: [...]}")
     p.add_argument("--local", action="store_true", help="only the models on this machine")
     p.add_argument("--tiny", action="store_true", help="include the tiny test presets")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,13 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
-    from workbench.cli_progress import follow
+    from workbench.cli_progress import announce_and_follow
 
     rec = launcher.resume(args.run)
-    print(
-        f"run {rec.name} ({rec.id}) resumed from step {rec.step}; log: {rec.output_dir}/stdout.log",
-        flush=True,
-    )
-    if args.detach:
-        return 0
-    return follow(rec.id, stream=sys.stderr)
+    return announce_and_follow(rec, f"resumed from step {rec.step}", detach=args.detach)

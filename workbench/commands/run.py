@@ -9,27 +9,23 @@ Several nodes: the same command on each with `--nnodes N --node-rank R --rdzv-en
 from __future__ import annotations
 
 import argparse
-import sys
 
-from workbench.cli_args import add_rest, parse_mixed
+from workbench.cli_args import add_config_option, add_recipe_command, parse_mixed
+
+_HELP = "run a recipe headless: register, launch with torchrun, show progress, exit with its code"
+_DESCRIPTION = (
+    "Validate the config, register a run, launch it detached (it survives this terminal) and "
+    "show a progress bar until it ends; exits with the run's exit code. Ctrl-C asks whether to stop "
+    "the run or detach."
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run",
-        help="run a recipe headless: register, launch with torchrun, show progress, exit with its code",
-        description="Validate the config, register a run, launch it detached (it survives this terminal) and "
-        "show a progress bar until it ends; exits with the run's exit code. Ctrl-C asks whether to stop "
-        "the run or detach.",
-    )
-    p.add_argument("recipe", help="recipe name: sft, dpo, kd, grpo, ... (engine.recipes.<recipe>)")
-    add_rest(p)
-    _options(p)
-    p.set_defaults(func=run)
+    add_recipe_command(sub, "run", _options, run, help=_HELP, description=_DESCRIPTION)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="a YAML file or a built-in config name (tunebench ls); required")
+    add_config_option(p)
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) on this node (default 1)")
     p.add_argument("--name", help="a name for the run (default <recipe>-<n>)")
     p.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
@@ -71,7 +67,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from workbench import launcher
-    from workbench.cli_progress import follow
+    from workbench.cli_progress import announce_and_follow
     from workbench.errors import UserError
 
     args = parse_mixed(args, _options, prog="tunebench run")
@@ -109,11 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.queue:
         return _queue(rec)
-    rec = launcher.launch(rec.id)
-    print(f"run {rec.name} ({rec.id}) launched; log: {rec.output_dir}/stdout.log", flush=True)
-    if args.detach:
-        return 0
-    return follow(rec.id, stream=sys.stderr)
+    return announce_and_follow(launcher.launch(rec.id), "launched", detach=args.detach)
 
 
 def _queue(rec) -> int:

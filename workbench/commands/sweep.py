@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.cli_args import add_rest, parse_mixed
+from workbench.cli_args import add_config_option, add_recipe_command, parse_mixed
+
+_HELP = "queue a grid or list of runs over config keys (KEY=V1,V2 ...), tagged with the sweep"
+_DESCRIPTION = (
+    "Every combination of the values (a grid; --zip pairs them by position instead) becomes "
+    "a run named NAME-<i>, tagged sweep:NAME, in the run queue. Every run's config is checked first: "
+    "one bad value is one line and nothing is queued. Rank the runs with `tunebench compare --sweep NAME`."
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sweep",
-        help="queue a grid or list of runs over config keys (KEY=V1,V2 ...), tagged with the sweep",
-        description="Every combination of the values (a grid; --zip pairs them by position instead) becomes "
-        "a run named NAME-<i>, tagged sweep:NAME, in the run queue. Every run's config is checked first: "
-        "one bad value is one line and nothing is queued. Rank the runs with `tunebench compare --sweep NAME`.",
-    )
-    p.add_argument("recipe", help="recipe name: sft, dpo, kd, grpo, ... (engine.recipes.<recipe>)")
-    add_rest(p)
-    _options(p)
-    p.set_defaults(func=run)
+    add_recipe_command(sub, "sweep", _options, run, help=_HELP, description=_DESCRIPTION)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="a YAML file or a built-in config name (tunebench ls); required")
+    add_config_option(p)
     p.add_argument("--name", help="the sweep's name (default sweep-<n>); runs are NAME-1, NAME-2, ...")
     p.add_argument(
         "--zip", action="store_true", help="a list, not a grid: run i takes the i-th value of every key"

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import argparse
 
+from workbench.cli_args import add_documented_command
 from workbench.errors import UserError
+
+_HELP = "check a config (and overrides) and report every problem at once"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "validate",
-        help="check a config (and overrides) and report every problem at once",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+    p = add_documented_command(subparsers, "validate", _HELP, __doc__)
     p.add_argument(
         "--recipe", default=None, help="recipe whose top-level keys apply (default: the launch line)"
     )
