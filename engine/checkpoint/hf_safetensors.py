@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from engine.checkpoint.hf_keys import (
     native_expert_to_hf,
     native_to_hf,
 )
+from engine.checkpoint.layout import publish_files, staging_folder
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -337,8 +337,7 @@ def save_pretrained(
     """
     out_dir = Path(out_dir)
     getters = _hf_tensor_getters(model)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging = staging_folder(out_dir)
     try:
         if like is not None:
             _save_like(getters, staging, Path(like))
@@ -372,12 +371,7 @@ def save_pretrained(
         if config_updates:
             written = json.loads((staging / "config.json").read_text())
             (staging / "config.json").write_text(json.dumps({**written, **config_updates}, indent=2) + "\n")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_NAME]:
-            if stale.exists() and not (staging / stale.name).exists():
-                stale.unlink()
-        for item in staging.iterdir():
-            os.replace(item, out_dir / item.name)
+        publish_files(staging, out_dir, stale=[*out_dir.glob("*.safetensors"), out_dir / INDEX_NAME])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir

@@ -55,3 +55,24 @@ def latest_checkpoint_step(output_dir: str | os.PathLike) -> int | None:
     """N of the newest complete checkpoint, or None when the run has none yet."""
     found = list_checkpoints(output_dir)
     return found[-1][0] if found else None
+
+
+def staging_folder(out_dir: Path) -> Path:
+    """A fresh, uniquely named folder beside `out_dir` (same filesystem, so its files can be renamed
+    into place atomically); the writer removes it when done or failed."""
+    import tempfile
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+
+
+def publish_files(staging: Path, out_dir: Path, stale: list[Path]) -> None:
+    """Move every file of `staging` into `out_dir` (made when absent), one `os.replace` each, after
+    deleting the files of `stale` (an earlier export's shards or index) that the new files do not
+    replace; other files in `out_dir` stay."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in stale:
+        if path.exists() and not (staging / path.name).exists():
+            path.unlink()
+    for item in staging.iterdir():
+        os.replace(item, out_dir / item.name)

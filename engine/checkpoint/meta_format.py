@@ -12,13 +12,13 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from engine.checkpoint.checkpoint_errors import CheckpointError
+from engine.checkpoint.layout import publish_files, staging_folder
 
 PARAMS_NAME = "params.json"
 
@@ -287,8 +287,7 @@ def save_meta(
         meta[meta_key] = tensor
     if model.tied:
         meta["output.weight"] = meta["tok_embeddings.weight"]
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging = staging_folder(out_dir)
     try:
         for rank in range(num_shards):
             shard = {}
@@ -311,12 +310,7 @@ def save_meta(
             for name in ("tokenizer.model", "tokenizer.json"):
                 if (like / name).is_file():
                     shutil.copy2(like / name, staging / name)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in out_dir.glob("consolidated.*.pth"):
-            if not (staging / stale.name).exists():
-                stale.unlink()
-        for item in staging.iterdir():
-            os.replace(item, out_dir / item.name)
+        publish_files(staging, out_dir, stale=list(out_dir.glob("consolidated.*.pth")))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.checkpoint.hf_keys import native_expert_to_hf, native_to_hf
+from engine.checkpoint.layout import staging_folder
 from engine.modules.peft.lora import LoRALinear
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -151,11 +152,6 @@ def to_peft_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> dict
     return out
 
 
-def _atomic_folder(out_dir: Path) -> Path:
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-
-
 def _publish(staging: Path, out_dir: Path) -> None:
     if out_dir.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
@@ -193,7 +189,7 @@ def save_adapters(
         k: (v.to(dtype) if dtype is not None else v).detach().to("cpu").contiguous().clone()
         for k, v in to_peft_state_dict(state, model).items()
     }
-    staging = _atomic_folder(out_dir)
+    staging = staging_folder(out_dir)
     try:
         save_file(tensors, str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")

@@ -125,6 +125,26 @@ def shared_fields(*keys: str) -> dict[str, Field]:
 
 _POSITIVE = Field(int, 1, "", minimum=1)
 
+
+def validation_field(*, what: str, share_of: str, fraction: float, every_n_steps_doc: str) -> Field:
+    """The `validation:` block (read by `engine.training.holdout.validation_split`): a share of the
+    training data held out (`fraction`, its default), or a dataset of its own, scored every N optimizer
+    steps; null for none. `what` / `share_of` name the held-out rows in the docs ("pairs")."""
+    return Field(
+        dict | None,
+        None,
+        f"held-out {what}: {{fraction | dataset, every_n_steps, max_batches}}; null for none",
+        keys={
+            "fraction": Field(float, fraction, f"share of {share_of} held out", above=0.0, below=1.0),
+            "dataset": Field(
+                dict | list | None, None, "_component_ held-out dataset instead", component=True
+            ),
+            "every_n_steps": _POSITIVE.but(default=50, doc=every_n_steps_doc),
+            "max_batches": Field(int | None, None, "first N batches only (null: all)", minimum=1),
+        },
+    )
+
+
 # The keys the rollout recipes (ppo; grpo and grpo_async through engine.rl.grpo_trainer) read alike:
 # a step samples completions for a batch of prompts, scores them and trains on them.
 ROLLOUT: dict[str, Field] = {

@@ -33,7 +33,7 @@ from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
 from engine.recipes._entry import recipe_entry
-from engine.recipes._fields import shared, shared_fields
+from engine.recipes._fields import shared, shared_fields, validation_field
 from engine.training import recipe_loop
 from engine.training.distributed import all_reduce_sum
 from engine.training.model_setup import build_model, build_tokenizer, check_sequence_length, check_vocab
@@ -64,21 +64,12 @@ CONFIG_SCHEMA = Schema(
             "_component_ preference dataset (preference_dataset, hh_rlhf_dataset, demo_preference_dataset, ...)",
             controls=(),
         ),  # fmt: skip
-        "validation": Field(
-            dict | None,
-            None,
-            "held-out pairs: {fraction | dataset, every_n_steps, max_batches}; null for none",
-            keys={
-                "fraction": Field(float, 0.1, "share of the pairs held out", above=0.0, below=1.0),
-                "dataset": Field(
-                    dict | list | None, None, "_component_ held-out pairs instead", component=True
-                ),
-                "every_n_steps": _POSITIVE.but(
-                    default=50, doc="evaluate every N optimizer steps (and at the end)"
-                ),
-                "max_batches": Field(int | None, None, "first N batches only (null: all)", minimum=1),
-            },
-        ),  # fmt: skip
+        "validation": validation_field(
+            what="pairs",
+            share_of="the pairs",
+            fraction=0.1,
+            every_n_steps_doc="evaluate every N optimizer steps (and at the end)",
+        ),
         "batch_size": shared("batch_size", "preference pairs per micro-batch on each rank"),
         **shared_fields("gradient_accumulation_steps"),
         "epochs": shared("epochs", "passes over the pairs"),

@@ -40,7 +40,7 @@ from engine.data.collate import collate_for
 from engine.data.sampler import EpochBatchSampler
 from engine.modules.moe import weighted_aux_loss
 from engine.recipes._entry import recipe_entry
-from engine.recipes._fields import shared, shared_fields
+from engine.recipes._fields import shared, shared_fields, validation_field
 from engine.training import recipe_loop
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
 from engine.training.distributed import all_reduce_sum
@@ -110,19 +110,12 @@ CONFIG_SCHEMA = Schema(
         **shared_fields(
             "output_dir", "seed", "device", "dtype", "checkpoint_dir", "model", "tokenizer", "dataset"
         ),
-        "validation": Field(
-            dict | None,
-            None,
-            "held-out split: {fraction | dataset, every_n_steps, max_batches}; null for none",
-            keys={
-                "fraction": Field(float, 0.05, "share of the training data held out", above=0.0, below=1.0),
-                "dataset": Field(
-                    dict | list | None, None, "_component_ held-out dataset instead", component=True
-                ),
-                "every_n_steps": _POSITIVE.but(default=50, doc="validate every N optimizer steps"),
-                "max_batches": Field(int | None, None, "first N batches only (null: all)", minimum=1),
-            },
-        ),  # fmt: skip
+        "validation": validation_field(
+            what="split",
+            share_of="the training data",
+            fraction=0.05,
+            every_n_steps_doc="validate every N optimizer steps",
+        ),
         **shared_fields(
             "batch_size",
             "gradient_accumulation_steps",
