@@ -115,6 +115,7 @@ def generate(
     use_cache: bool = True,
     return_logprobs: bool = False,
     on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> GenerationOutput:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
@@ -128,6 +129,8 @@ def generate(
       return_logprobs: also return the chosen tokens' log-probabilities.
       on_step: called after every step with the step's tokens `[B]` and the rows still running before
         it `[B]` bool (for streaming output).
+      should_stop: asked after every step (after `on_step`); True ends generation there, keeping the
+        tokens so far (those rows are not `stopped`). A UI's stop key sets a flag this reads.
     The model runs in eval mode during the call (its mode is restored) and any KV caches it had are
     replaced by caches sized for this call and removed afterwards.
     Raises `GenerationError` for empty prompts or bad settings (naming the argument).
@@ -195,6 +198,8 @@ def generate(
             lengths[active] += (~was_done).long()
             done[active] = was_done | torch.isin(picked_ids, stops)
             if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            if should_stop is not None and should_stop():
                 break
             slot = prompt_slots + step
             if use_cache:

@@ -52,25 +52,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 class _Stream:
-    """Prints the completion as it grows (on a terminal): decodes all tokens so far and writes the
-    new suffix, so multi-byte characters split across tokens come out whole."""
+    """Prints the completion as it grows (on a terminal), through `engine.generation.TextStream` (so
+    multi-byte characters split across tokens come out whole)."""
 
     def __init__(self, tokenizer) -> None:
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.shown = ""
+        from engine.generation import TextStream
+
+        self.text = TextStream(tokenizer)
+        self.step = self.text.on_step(self._write)
+
+    @staticmethod
+    def _write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
 
     def __call__(self, tokens, running) -> None:
-        if bool(running[0]):
-            self.ids.append(int(tokens[0]))
-            text = self.tok.decode(self.ids, skip_special_tokens=True)
-            if not text.endswith("\ufffd") and text.startswith(self.shown):
-                sys.stdout.write(text[len(self.shown) :])
-                sys.stdout.flush()
-                self.shown = text
+        self.step(tokens, running)
 
     def finish(self, text: str) -> None:
-        sys.stdout.write((text[len(self.shown) :] if text.startswith(self.shown) else "\n" + text) + "\n")
+        rest = self.text.finish()
+        sys.stdout.write(("\n" + text if rest is None else rest) + "\n")
         sys.stdout.flush()
 
 
