@@ -24,7 +24,7 @@ def refresh_interval() -> float:
 
 
 class TunebenchApp(App):
-    """Runs is the home screen; Models, Data, Recipe, Live run and Compare are pushed on top."""
+    """Runs is the home screen; Models, Data, Recipe, Live run, Compare and Playground are pushed on top."""
 
     TITLE = "tunebench"
     CSS_PATH = Path(__file__).with_name("app.tcss")
@@ -36,6 +36,7 @@ class TunebenchApp(App):
         Binding("f2", "goto('models')", "models", show=False),
         Binding("f3", "goto('data')", "data", show=False),
         Binding("f4", "goto('recipe')", "recipe", show=False),
+        Binding("f10", "goto('playground')", "playground", show=False),
     ]
 
     def __init__(
@@ -68,7 +69,7 @@ class TunebenchApp(App):
     # Navigation -----------------------------------------------------------------------------
     def make_screen(self, name: str, **kwargs) -> Screen:
         """A new screen by name: runs, models, data, recipe, live (run_id=), compare (run_ids= or sweep=),
-        samples (run_id=, output_dir=)."""
+        samples (run_id=, output_dir=), playground (models=: one or two model specs)."""
         if name == "runs":
             from workbench.screens.runs_screen import RunsScreen
 
@@ -97,6 +98,10 @@ class TunebenchApp(App):
             from workbench.screens.samples import SamplesScreen
 
             return SamplesScreen(**kwargs)
+        if name == "playground":
+            from workbench.screens.playground import PlaygroundScreen
+
+            return PlaygroundScreen(**kwargs)
         raise ValueError(f"unknown screen {name!r}")
 
     def action_goto(self, name: str) -> None:
@@ -128,6 +133,7 @@ class TunebenchApp(App):
             ("models", "Models: model cards and local checkpoints"),
             ("data", "Data: compose a dataset mix"),
             ("recipe", "Recipe: configure, validate and launch a run"),
+            ("playground", "Playground: chat with a checkpoint or the demo model, two side by side"),
         ):
             yield SystemCommand(f"Go to {name}", text, lambda n=name: self.action_goto(n))
         for label, theme in THEMES.items():

@@ -187,3 +187,44 @@ class ModelExported(Message):
     run_id: str
     path: str = ""
     error: str = ""
+
+
+@dataclass
+class ChatModelLoaded(Message):
+    """The Playground's column `column` has its model (a `workbench.chat_models.ChatModel`)."""
+
+    column: int
+    model: Any
+
+
+@dataclass
+class ChatModelFailed(Message):
+    """Column `column`'s model could not be resolved or loaded; `text` is the one line saying why."""
+
+    column: int
+    text: str
+
+
+@dataclass
+class ReplyChunk(Message):
+    """Text the reply in column `column` grew by (one or a few tokens)."""
+
+    column: int
+    text: str
+
+
+@dataclass
+class ReplyDone(Message):
+    """Column `column`'s reply ended: its full `text` and a `summary` (tokens, speed, why it ended)."""
+
+    column: int
+    text: str
+    summary: str
+
+
+@dataclass
+class ReplyFailed(Message):
+    """Column `column`'s reply could not be generated; `text` is the one line saying why."""
+
+    column: int
+    text: str

@@ -84,6 +84,7 @@ class CompareScreen(Screen):
     TITLE = "Compare"
     BINDINGS = [
         Binding("m", "next_metric", "metric"),
+        Binding("a", "chat", "chat with two"),
         Binding("q,escape", "back", "back"),
     ]
     DEFAULT_CSS = """
@@ -250,6 +251,10 @@ class CompareScreen(Screen):
     def action_next_metric(self) -> None:
         self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
         self.redraw_plot()
+
+    def action_chat(self) -> None:
+        """The Playground with the first two compared runs side by side."""
+        self.app.push_screen(self.app.make_screen("playground", models=self.run_ids[:2]))
 
     def action_back(self) -> None:
         self.app.pop_screen()

@@ -16,6 +16,7 @@ GLOBAL_KEYS = [
     ("ctrl+p", "command palette (screens, themes, actions)"),
     ("q / escape", "back (quit on the Runs screen; runs keep going)"),
     ("f1 f2 f3 f4", "Runs, Models, Data, Recipe"),
+    ("f10", "Playground: chat with the demo model, a run or a model folder"),
     ("ctrl+t", "next theme (dark, light, terminal ANSI colours)"),
 ]
 

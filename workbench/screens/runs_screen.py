@@ -47,6 +47,7 @@ class RunsScreen(Screen):
         Binding("D", "delete", "delete", show=False),
         Binding("t", "tag", "tag", show=False),
         Binding("o", "note", "note", show=False),
+        Binding("a", "chat", "chat in the Playground (no runs: the demo model)", show=False),
         Binding("q", "quit_app", "quit"),
         Binding("escape", "clear_filter", "clear filter", show=False),
     ]
@@ -153,6 +154,11 @@ class RunsScreen(Screen):
             self.notify("mark two or more runs with space, then press c", severity="warning")
             return
         self.app.push_screen(self.app.make_screen("compare", run_ids=ids))
+
+    def action_chat(self) -> None:
+        """The Playground on the selected run (two marked runs: side by side); no runs: the demo model."""
+        ids = self.query_one(RunsTable).selected_ids()
+        self.app.push_screen(self.app.make_screen("playground", models=ids[:2] or ["demo"]))
 
     def action_new(self) -> None:
         self.app.push_screen(self.app.make_screen("recipe"))
