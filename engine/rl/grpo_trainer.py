@@ -9,14 +9,18 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from engine.checkpoint.recipe_state import resume_training, save_training_checkpoint
-from engine.config import ConfigError, ConfigProblem, instantiate
+from engine.config import ConfigProblem, instantiate
 from engine.config.recipe_schema import Field, Schema
-from engine.data.sampler import EpochBatchSampler
 from engine.recipes._fields import rollout_fields, shared, shared_fields
-from engine.rl.rollout import Rollout, generate_and_score, rollout_attention_mask, rollout_batch
+from engine.rl.rollout import (
+    Rollout,
+    generate_and_score,
+    prompt_loader,
+    rollout_attention_mask,
+    rollout_batch,
+)
 from engine.training import recipe_loop
 from engine.training.model_setup import build_model, build_tokenizer, check_vocab
 from engine.training.optimizer_setup import build_optimizer
@@ -174,23 +178,12 @@ class GRPOTrainer:
         self.stop.install()
 
     def _setup_data(self) -> None:
-        from engine.data import build_dataset
-        from engine.data.prompts import prompt_collate
-
-        dataset = build_dataset(self.cfg["dataset"], self.tokenizer)
-        if len(dataset) and "prompt_tokens" not in dataset[0]:
-            raise ConfigError(
-                "GRPO needs prompts with answers",
-                hint="use prompt_dataset or demo_prompt_dataset",
-                field="dataset",
-            )
-        self.sampler = EpochBatchSampler(
-            len(dataset), batch_size=self.batch_size, seed=self.seed, shuffle=True
+        self.loader = prompt_loader(
+            self.cfg["dataset"], self.tokenizer, batch_size=self.batch_size, seed=self.seed, recipe="GRPO"
         )
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=prompt_collate)
-        per_epoch = len(self.sampler)
-        if self.cfg["max_steps_per_epoch"] is not None:
-            per_epoch = min(per_epoch, int(self.cfg["max_steps_per_epoch"]))
+        self.sampler = self.loader.batch_sampler
+        per_epoch, most = len(self.sampler), self.cfg["max_steps_per_epoch"]
+        per_epoch = per_epoch if most is None else min(per_epoch, int(most))
         self.steps_per_epoch = per_epoch
         self.total_steps = per_epoch * self.epochs
 

@@ -107,3 +107,28 @@ def rollout_attention_mask(
     id is still a token)."""
     lengths = torch.tensor([len(p) + len(c) for p, c in zip(prompts, completions, strict=True)])
     return torch.arange(length)[None, :] < lengths[:, None]
+
+
+def prompt_loader(dataset_node: dict | list, tokenizer, *, batch_size: int, seed: int, recipe: str):
+    """The rollout recipes' data: the config's prompt dataset, `batch_size` prompts a step in a seeded
+    shuffled order that resume can skip into (`EpochBatchSampler`, as `loader.batch_sampler`),
+    collated by `prompt_collate` (prompts + answers).
+
+    Raises:
+        ConfigError: naming `dataset` when its samples are not prompts (`recipe` names who needs them).
+    """
+    from torch.utils.data import DataLoader
+
+    from engine.data import build_dataset
+    from engine.data.prompts import prompt_collate
+    from engine.data.sampler import EpochBatchSampler
+
+    dataset = build_dataset(dataset_node, tokenizer)
+    if len(dataset) and "prompt_tokens" not in dataset[0]:
+        raise ConfigError(
+            f"{recipe} needs prompts with answers",
+            hint="use prompt_dataset or demo_prompt_dataset",
+            field="dataset",
+        )
+    sampler = EpochBatchSampler(len(dataset), batch_size=batch_size, seed=seed, shuffle=True)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=prompt_collate)
