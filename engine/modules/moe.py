@@ -395,6 +395,16 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [T,D]
         _, weights, experts = self.route(flat)  # [T,k] each
+        return self._experts_forward(flat, weights, experts).reshape(shape)
+
+    # Under `compile=true` the routed part runs eagerly between the block's compiled graphs (the
+    # router, attention and norms are compiled): the rows per expert are data (`tolist()`), torch's
+    # grouped GEMM traces only in bf16, and expert parallelism's all_to_all has data-dependent splits.
+    @torch.compiler.disable
+    def _experts_forward(
+        self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """`flat [T,D]`, routing `weights`/`experts` `[T,k]` -> `[T,D]`: sorted, computed, combined."""
         flat_experts = experts.reshape(-1)  # [T*k]: (token, slot) pairs
         order = torch.argsort(flat_experts, stable=True)  # sorted row -> pair, grouped by expert
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
@@ -405,8 +415,7 @@ class MoE(nn.Module):
         else:
             out = self.dispatcher(self.experts, routed, counts)
         pairs = permute_rows(out, inverse, order).view(*weights.shape, -1)  # [T,k,D] back in pair order
-        combined = (pairs * weights.unsqueeze(-1)).sum(dim=1)  # [T,D]
-        return combined.reshape(shape)
+        return (pairs * weights.unsqueeze(-1)).sum(dim=1)  # [T,D]
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -8,6 +8,10 @@ them: expert weights are DTensors `Shard(0)` on the `ep` dimension, left out of 
 the rest over dp_shard), so the optimizer, gradient clipping and full state dicts see them as sharded
 tensors. Every token is computed: nothing is dropped for capacity.
 
+With activation checkpointing the block's forward, exchanges included, is recomputed in backward on
+every rank alike (same blocks, same order), so the collectives stay matched; with `compile` the
+exchange and the experts run eagerly between the block's compiled graphs (`MoE._experts_forward`).
+
 Gradients: an expert's gradient sums the token-loss sums of its whole EP group; FSDP2 averages the
 other gradients over the `dp` ranks, so expert gradients are scaled by `1 / dp` in backward, and
 with several EP groups `reduce_expert_grads` sums them over the groups before the optimizer step.

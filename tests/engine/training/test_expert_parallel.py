@@ -1,6 +1,7 @@
 """Expert parallelism: bad settings are one line before anything starts, and on gloo 2 ranks with
 `expert_parallel_dim: 2` (each holding 4 of 8 experts, tokens exchanged with all_to_all) give the
-same per-step losses and final weights as 1 rank, for full fine-tuning and LoRA on the experts."""
+same per-step losses and final weights as 1 rank, for full fine-tuning (also with activation
+checkpointing, and with compiled blocks) and LoRA on the experts."""
 
 from __future__ import annotations
 
@@ -72,18 +73,35 @@ def _final(output_dir, step):
     return load_file(str(folder / name))
 
 
+# The cases: full fine-tuning; with activation checkpointing (each block's forward, all_to_all
+# included, recomputed in backward on both ranks alike); with every block compiled (the token
+# exchange runs eagerly between the compiled graphs); LoRA on the experts with checkpointing.
+CASES = {
+    "full": {},
+    "full_ac": {"enable_activation_checkpointing": True},
+    "full_compile": {"compile": True},
+    "lora_ac": {"enable_activation_checkpointing": True},
+}
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("method", ["full", pytest.param("lora", marks=pytest.mark.slow)])
-def test_two_ranks_expert_parallel_equal_one_rank(method, shared_assets, tmp_path, tunebench_home):
+@pytest.mark.parametrize(
+    "case",
+    [
+        "full",
+        pytest.param("full_ac", marks=pytest.mark.slow),
+        pytest.param("full_compile", marks=pytest.mark.slow),
+        pytest.param("lora_ac", marks=pytest.mark.slow),
+    ],
+)
+def test_two_ranks_expert_parallel_equal_one_rank(case, shared_assets, tmp_path, tunebench_home):
     model = dict(MOE)
-    if method == "lora":
+    if case.startswith("lora"):
         model.update(
             _component_="engine.models.qwen3_moe.lora_qwen3_moe", lora_rank=4, lora_alpha=8.0,
             apply_lora_to_experts=True, train_router=True,
         )  # fmt: skip
-    over = dict(model=model, max_steps_per_epoch=3, optimizer=dict(SGD), clip_grad_norm=1.0)
-    if method == "lora":  # and with activation checkpointing: EP inside recomputed blocks
-        over["enable_activation_checkpointing"] = True
+    over = dict(model=model, max_steps_per_epoch=3, optimizer=dict(SGD), clip_grad_norm=1.0, **CASES[case])
     torch.set_num_threads(1)
     one = run_recipe(tiny_config(shared_assets, tmp_path / "one", batch_size=4, **over))
     cfg = tiny_config(shared_assets, tmp_path / "two", batch_size=2, **over)
