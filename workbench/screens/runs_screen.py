@@ -250,24 +250,21 @@ class RunsScreen(Screen):
             )
 
     def action_tag(self) -> None:
-        for rid in self._selected(one=True):
-            current = str(self.query_one(RunsTable).rows_by_id[rid].get("tags") or "")
-
-            def chosen(text: str | None, rid=rid) -> None:
-                if text is not None:
-                    self._run_action("tag", rid, text)
-
-            self.app.push_screen(TextPromptScreen("Tags (comma separated):", current), chosen)
+        self._edit_text("tags", "tag", "Tags (comma separated):")
 
     def action_note(self) -> None:
+        self._edit_text("notes", "note", "Note:")
+
+    def _edit_text(self, column: str, action: str, prompt: str) -> None:
+        """Ask for the run's new `column` text (prefilled with the current one), then `action` with it."""
         for rid in self._selected(one=True):
-            current = str(self.query_one(RunsTable).rows_by_id[rid].get("notes") or "")
+            current = str(self.query_one(RunsTable).rows_by_id[rid].get(column) or "")
 
             def chosen(text: str | None, rid=rid) -> None:
                 if text is not None:
-                    self._run_action("note", rid, text)
+                    self._run_action(action, rid, text)
 
-            self.app.push_screen(TextPromptScreen("Note:", current), chosen)
+            self.app.push_screen(TextPromptScreen(prompt, current), chosen)
 
     def action_queue(self) -> None:
         ids = self._selected()
