@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.data.chat_formats import TokenizerChatTemplate, resolve_chat_format
 from engine.data.data_errors import DataError
-from engine.data.dataset import PreferenceDataset, TokenizedDataset, build_tokenized
+from engine.data.dataset import PreferenceDataset, TokenizedDataset, build_tokenized, common_args
 from engine.data.messages import (
     ChosenRejectedToMessages,
     InputOutputToMessages,
@@ -114,23 +114,13 @@ def instruct_dataset(
     or a chat format wraps prompt and response as user/assistant turns; system_prompt: a system turn.
     """
     tmpl = resolve_template(template)
-    transform = InputOutputToMessages(tmpl, train_on_input=train_on_input, system_prompt=system_prompt)
     ds = build_tokenized(
         tokenizer,
         kind="sft",
-        source=source,
-        split=split,
-        subset=subset,
-        column_map=column_map,
-        transform=transform,
+        transform=InputOutputToMessages(tmpl, train_on_input=train_on_input, system_prompt=system_prompt),
         chat_format=resolve_chat_format(chat_format, mask_headers),
-        max_seq_len=max_seq_len,
-        filter_fn=filter_fn,
-        skip_bad_rows=skip_bad_rows,
-        name=name,
-        cache=cache,
-        num_proc=num_proc,
         template=tmpl,
+        **common_args(locals()),
     )
     return _maybe_pack(ds, packed, max_seq_len, split_across_pack)
 
@@ -169,22 +159,7 @@ def chat_dataset(
 
     fmt = TokenizerChatTemplate() if chat_format is None else resolve_chat_format(chat_format)
     fmt = resolve_chat_format(fmt, mask_headers)
-    ds = build_tokenized(
-        tokenizer,
-        kind="sft",
-        source=source,
-        split=split,
-        subset=subset,
-        column_map=column_map,
-        transform=transform,
-        chat_format=fmt,
-        max_seq_len=max_seq_len,
-        filter_fn=filter_fn,
-        skip_bad_rows=skip_bad_rows,
-        name=name,
-        cache=cache,
-        num_proc=num_proc,
-    )
+    ds = build_tokenized(tokenizer, kind="sft", transform=transform, chat_format=fmt, **common_args(locals()))
     return _maybe_pack(ds, packed, max_seq_len, split_across_pack)
 
 
@@ -216,19 +191,10 @@ def preference_dataset(
     return build_tokenized(
         tokenizer,
         kind="preference",
-        source=source,
-        split=split,
-        subset=subset,
-        column_map=column_map,
         transform=ChosenRejectedToMessages(tmpl, train_on_input),
         chat_format=resolve_chat_format(chat_format, mask_headers),
-        max_seq_len=max_seq_len,
-        filter_fn=filter_fn,
-        skip_bad_rows=skip_bad_rows,
-        name=name,
-        cache=cache,
-        num_proc=num_proc,
         template=tmpl,
+        **common_args(locals()),
     )
 
 
@@ -260,24 +226,13 @@ def text_completion_dataset(
     if split_across_pack is None:
         split_across_pack = packed
     truncate_to = None if (packed and split_across_pack) else max_seq_len
-    transform = TextToMessages(column)
-
     ds = build_tokenized(
         tokenizer,
         kind="sft",
-        source=source,
-        split=split,
-        subset=subset,
-        column_map=None,
-        transform=transform,
+        transform=TextToMessages(column),
         chat_format=resolve_chat_format(None),
-        max_seq_len=truncate_to,
-        filter_fn=filter_fn,
-        skip_bad_rows=skip_bad_rows,
-        name=name,
-        cache=cache,
-        num_proc=num_proc,
         skip_blank=_BlankText(column),
         sample_by=sample_by,
+        **{**common_args(locals()), "column_map": None, "max_seq_len": truncate_to},
     )
     return _maybe_pack(ds, packed, max_seq_len, split_across_pack)

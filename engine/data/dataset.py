@@ -321,33 +321,46 @@ def default_name(source: Any) -> str:
     return base or s
 
 
-class TokenizedDataset(Dataset):
+class OneSourceDataset(Dataset):
+    """What every single-source dataset carries besides its samples: `source_names` (its one name),
+    `source_id` (0 unless given; samples carry it), the tokenizer's `pad_id`, and the load report's
+    `rows`, `skipped` and `filtered` counts."""
+
+    kind = "sft"  # what a sample holds: "sft", "preference", "unpaired" or "prompt"
+
+    def __init__(self, *, name: str, pad_id: int, report: _Report, source_id: int = 0) -> None:
+        self.source_names = [name]
+        self.source_id = source_id
+        self.pad_id = pad_id
+        self.rows, self.skipped, self.filtered = report.rows, report.skipped, report.filtered
+
+    def _index(self, i: int) -> int:
+        """`i` counted from the end when negative; IndexError outside the dataset."""
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return i
+
+
+class TokenizedDataset(OneSourceDataset):
     """Samples of one source, tokenized (see the module docstring for the sample layout).
 
     Build it with a builder (`instruct_dataset`, `chat_dataset`, `text_completion_dataset`, ...).
     `mask(i)` gives sample i's loss mask over its tokens; `lengths` the token counts.
     """
 
-    kind = "sft"  # what a sample holds: "sft", "preference" or "prompt"
+    kind = "sft"
 
     def __init__(self, flat: _Flat, *, name: str, pad_id: int, report: _Report, source_id: int = 0):
+        super().__init__(name=name, pad_id=pad_id, report=report, source_id=source_id)
         self._flat = flat
-        self.source_names = [name]
-        self.source_id = source_id
-        self.pad_id = pad_id
-        self.rows = report.rows
-        self.skipped = report.skipped
-        self.filtered = report.filtered
 
     def __len__(self) -> int:
         return len(self._flat)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        ids, mask = self._flat.get(i)
+        ids, mask = self._flat.get(self._index(i))
         return {"tokens": ids, "labels": shifted_labels(ids, mask), "source_id": self.source_id}
 
     def mask(self, i: int) -> list[bool]:
@@ -368,28 +381,20 @@ class TokenizedDataset(Dataset):
         return self._flat.lengths()
 
 
-class PreferenceDataset(Dataset):
+class PreferenceDataset(OneSourceDataset):
     """Chosen/rejected pairs of one source, tokenized. Built by `preference_dataset`."""
 
-    kind = "preference"  # what a sample holds: "sft", "preference" or "prompt"
+    kind = "preference"
 
     def __init__(self, chosen: _Flat, rejected: _Flat, *, name: str, pad_id: int, report: _Report):
+        super().__init__(name=name, pad_id=pad_id, report=report)
         self._chosen, self._rejected = chosen, rejected
-        self.source_names = [name]
-        self.source_id = 0
-        self.pad_id = pad_id
-        self.rows = report.rows
-        self.skipped = report.skipped
-        self.filtered = report.filtered
 
     def __len__(self) -> int:
         return len(self._chosen)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+        i = self._index(i)
         c_ids, c_mask = self._chosen.get(i)
         r_ids, r_mask = self._rejected.get(i)
         return {
@@ -415,6 +420,16 @@ def _trained(ids_mask: tuple[list[int], list[bool]], what: str) -> tuple[list[in
 def _stable_repr(fn) -> bool:
     """True when `fn` is None or has a repr that names its settings (not an object address)."""
     return fn is None or " at 0x" not in repr(fn)
+
+
+# The builders' common arguments (see engine.data.builders) that `build_tokenized` takes as they are.
+_COMMON_ARGS = ("source", "split", "subset", "column_map", "max_seq_len", "filter_fn", "skip_bad_rows",
+                "name", "cache", "num_proc")  # fmt: skip
+
+
+def common_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The common arguments among a builder's `locals()`, for `build_tokenized(**common_args(locals()))`."""
+    return {k: args[k] for k in _COMMON_ARGS if k in args}
 
 
 def build_tokenized(

@@ -215,6 +215,18 @@ def demo_preference_rows(n: int = 1000, seed: int = 0, split: str = "train") -> 
     return out
 
 
+def demo_layout(tokenizer, chat_format: Any) -> tuple[Any, Any]:
+    """`(chat_format, template)` for the demo problems: `chat_format` "auto" is the tokenizer's chat
+    template when it has one (an instruct model sees its usual layout), else None (plain text); the
+    template is the plain ``Question: ...\\n\\nAnswer: `` prompt for plain text, the bare question
+    inside a chat format."""
+    from engine.data.templates import QuestionAnswerTemplate
+
+    if chat_format == "auto":
+        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
+    return chat_format, (QuestionAnswerTemplate() if chat_format is None else "{question}")
+
+
 def demo_preference_dataset(
     tokenizer,
     *,
@@ -228,11 +240,8 @@ def demo_preference_dataset(
     """Preference pairs over the demo problems (a `preference_dataset` over `demo_preference_rows`);
     `chat_format` as in `demo_dataset`."""
     from engine.data.builders import preference_dataset
-    from engine.data.templates import QuestionAnswerTemplate
 
-    if chat_format == "auto":
-        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
-    template = QuestionAnswerTemplate() if chat_format is None else "{question}"
+    chat_format, template = demo_layout(tokenizer, chat_format)
     return preference_dataset(
         tokenizer,
         source=demo_preference_rows(n, seed, split),
@@ -257,11 +266,9 @@ def demo_unpaired_dataset(
     """KTO's unpaired data over the demo problems (an `unpaired_dataset`): each question appears once,
     with its worked answer (``label: true``) or, every other row, the answer with a wrong result
     (``label: false``); `chat_format` as in `demo_dataset`."""
-    from engine.data.templates import QuestionAnswerTemplate
     from engine.data.unpaired import unpaired_dataset
 
-    if chat_format == "auto":
-        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
+    chat_format, template = demo_layout(tokenizer, chat_format)
     rows = [
         {
             "question": row["question"],
@@ -273,7 +280,7 @@ def demo_unpaired_dataset(
     return unpaired_dataset(
         tokenizer,
         source=rows,
-        template=QuestionAnswerTemplate() if chat_format is None else "{question}",
+        template=template,
         chat_format=chat_format,
         max_seq_len=max_seq_len,
         name="demo_unpaired",
@@ -306,17 +313,14 @@ def demo_dataset(
 
     Args:
       n, seed, split: see `demo_rows`.
-      chat_format: "auto" (default) uses the tokenizer's chat template when it has one (an instruct
-        model sees its usual layout), else the plain ``Question: ...\\n\\nAnswer: `` prompt; or any
-        chat format / None for plain.
+      chat_format: "auto" (default) uses the tokenizer's chat template when it has one, else the
+        plain ``Question: ...\\n\\nAnswer: `` prompt (see `demo_layout`); or any chat format / None
+        for plain.
       train_on_input, mask_headers, max_seq_len, packed, cache: as in `instruct_dataset`.
     """
     from engine.data.builders import instruct_dataset
-    from engine.data.templates import QuestionAnswerTemplate
 
-    if chat_format == "auto":
-        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
-    template = QuestionAnswerTemplate() if chat_format is None else "{question}"
+    chat_format, template = demo_layout(tokenizer, chat_format)
     return instruct_dataset(
         tokenizer,
         source=demo_rows(n, seed, split),

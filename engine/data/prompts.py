@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from engine.data.chat_formats import ChatFormat, resolve_chat_format
 from engine.data.data_errors import DataError
-from engine.data.dataset import default_name, run_rows
+from engine.data.dataset import OneSourceDataset, default_name, run_rows
 from engine.data.messages import Message, RowError, get_text
 from engine.data.sources import load_rows
 from engine.data.templates import resolve_template
@@ -47,18 +46,15 @@ class _PromptConvert:
         return ids, get_text(row, self.answer_column, allow_empty=True)
 
 
-class PromptDataset(Dataset):
+class PromptDataset(OneSourceDataset):
     """Prompts and reference answers of one source (see the module docstring)."""
 
-    kind = "prompt"  # what a sample holds: "sft", "preference" or "prompt"
+    kind = "prompt"
 
     def __init__(self, items: list[tuple[list[int], str]], *, name: str, pad_id: int, report):
+        super().__init__(name=name, pad_id=pad_id, report=report)
         self._prompts = [np.asarray(ids, dtype=np.int32) for ids, _ in items]
         self._answers = [a for _, a in items]
-        self.source_names = [name]
-        self.source_id = 0
-        self.pad_id = pad_id
-        self.rows, self.skipped, self.filtered = report.rows, report.skipped, report.filtered
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -145,12 +141,9 @@ def demo_prompt_dataset(
 ) -> PromptDataset:
     """The demo problems as prompts with their worked answers (``#### value``) for GRPO; `chat_format`
     "auto" uses the tokenizer's chat template when it has one, else the plain Question/Answer prompt."""
-    from engine.data.demo import demo_rows
-    from engine.data.templates import QuestionAnswerTemplate
+    from engine.data.demo import demo_layout, demo_rows
 
-    if chat_format == "auto":
-        chat_format = "tokenizer" if getattr(tokenizer, "chat_template", None) else None
-    template = QuestionAnswerTemplate() if chat_format is None else "{question}"
+    chat_format, template = demo_layout(tokenizer, chat_format)
     return prompt_dataset(
         tokenizer,
         source=demo_rows(n, seed, split),

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from engine.data.collate import padded_collate
+from engine.data.dataset import OneSourceDataset
 from engine.data.messages import Message, RowError, get_text
 from engine.data.tokenize import IGNORE_INDEX, shifted_labels
 
@@ -58,26 +58,20 @@ class PromptCompletionLabelToMessages:
         return f"PromptCompletionLabelToMessages({self.template!r}, {self.train_on_input})"
 
 
-class UnpairedDataset(Dataset):
+class UnpairedDataset(OneSourceDataset):
     """Labelled completions of one source, tokenized. Built by `unpaired_dataset`."""
 
-    kind = "unpaired"  # what a sample holds: "sft", "preference", "unpaired" or "prompt"
+    kind = "unpaired"
 
     def __init__(self, flat, desirable: np.ndarray, *, name: str, pad_id: int, report) -> None:
+        super().__init__(name=name, pad_id=pad_id, report=report)
         self._flat, self.desirable = flat, np.asarray(desirable, dtype=bool)
-        self.source_names = [name]
-        self.source_id = 0
-        self.pad_id = pad_id
-        self.rows, self.skipped, self.filtered = report.rows, report.skipped, report.filtered
 
     def __len__(self) -> int:
         return len(self._flat)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+        i = self._index(i)
         ids, mask = self._flat.get(i)
         return {"tokens": ids, "labels": shifted_labels(ids, mask), "desirable": bool(self.desirable[i]),
                 "source_id": self.source_id}  # fmt: skip
@@ -118,24 +112,15 @@ def unpaired_dataset(
     """KTO's unpaired rows (``prompt``, ``completion``, ``label``: bool). Args as `preference_dataset`;
     rename columns with ``column_map`` (e.g. ``{completion: response, label: is_good}``)."""
     from engine.data.chat_formats import resolve_chat_format
-    from engine.data.dataset import build_tokenized
+    from engine.data.dataset import build_tokenized, common_args
     from engine.data.templates import resolve_template
 
     tmpl = resolve_template(template)
     return build_tokenized(
         tokenizer,
         kind="unpaired",
-        source=source,
-        split=split,
-        subset=subset,
-        column_map=column_map,
         transform=PromptCompletionLabelToMessages(tmpl, train_on_input),
         chat_format=resolve_chat_format(chat_format, mask_headers),
-        max_seq_len=max_seq_len,
-        filter_fn=filter_fn,
-        skip_bad_rows=skip_bad_rows,
-        name=name,
-        cache=cache,
-        num_proc=num_proc,
         template=tmpl,
+        **common_args(locals()),
     )
