@@ -1,8 +1,9 @@
 """Pilot tests of the Playground screen on tiny random chat models made here (no ../shared): a reply
 streams into its column piece by piece and ends equal to the engine's greedy generation, two models
 answer the same message in two columns, leaving the screen frees the models, the stop key ends a
-reply mid-stream, and bad models (a folder that is not one, a run without checkpoints) are one line.
-It is reached from the app's f10, the Runs screen (`a` on the selected run) and Compare (`a`)."""
+reply mid-stream, bad models (a missing folder, a folder that is not one or has no weights, a run
+without checkpoints) are one line, sampling settings reach the generation, and a LoRA run's checkpoint
+beside its base answers as transformers (+ peft) does greedily on the same weights. It is reached from the app's f10, the Runs screen (`a` on the selected run) and Compare (`a`)."""
 
 from __future__ import annotations
 
@@ -331,3 +332,63 @@ def test_sampling_settings_reach_the_generation_and_bad_ones_are_one_line(chat_d
     assert reply.text == "".join(pieces) == tok.decode(out.completions[0], skip_special_tokens=True)
     greedy_text = chat.reply(messages, SamplingSettings(max_new_tokens=16), on_text=lambda p: None).text
     assert reply.text != greedy_text  # sampled at temperature 1.3, not greedy
+
+
+def _hf_greedy(model, tok, question: str, n: int) -> str:
+    """transformers' greedy `generate` for one user message with the chat template, decoded."""
+    import torch
+
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
+    x = torch.tensor([ids])
+    out = model.generate(
+        x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, eos_token_id=None
+    )
+    return tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+
+
+async def test_lora_run_and_its_base_side_by_side_equal_transformers_and_peft(chat_dirs, tunebench_home):
+    """A LoRA run's checkpoint (PEFT adapters naming the base folder, as LoRA runs save) beside the run's
+    base: each column's greedy reply equals transformers' (with peft's adapters for the run)."""
+    import json
+
+    import torch
+
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from engine.data.tokenizers import load_tokenizer
+    from engine.tracking.db import open_db
+    from engine.tracking.run_rows import create_run
+
+    base = chat_dirs[0]
+    with open_db() as db:
+        rec = create_run(db=db, recipe="sft", config_text=f"checkpoint_dir: {base}\n", name="lora-run")
+    adapters = Path(rec.output_dir) / "checkpoints" / "step_2" / "model"
+    ref_base = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    lora = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+        peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+        ),
+    )
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    lora.save_pretrained(adapters)
+    cfg = json.loads((adapters / "adapter_config.json").read_text())
+    (adapters / "adapter_config.json").write_text(json.dumps(dict(cfg, base_model_name_or_path=str(base))))
+    tok = load_tokenizer(base)
+    expected = [_hf_greedy(lora.eval(), tok, QUESTION, 24), _hf_greedy(ref_base, tok, QUESTION, 24)]
+    assert expected[0] != expected[1]  # the adapters change the answer
+
+    app = make_app(interval=60)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_playground(pilot, ["lora-run", "lora-run@base"], max_tokens="24")
+        titles = [screen.column(i).border_title for i in range(2)]
+        assert titles == ["lora-run · step 2", "base of lora-run · model_a"]
+        await send(pilot, screen, QUESTION)
+        await wait_for(pilot, lambda: not screen.streaming and screen.column(1).messages, what="replies")
+        assert [screen.column(i).reply for i in range(2)] == expected
