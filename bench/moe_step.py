@@ -2,6 +2,10 @@
 
     nice .venv/bin/python bench/moe_step.py            # figures to stdout and bench/out/moe_step.json
     SMOKE=1 .venv/bin/python bench/moe_step.py         # a tiny shape, 2 rounds: checks the script only
+    THREADS=1 ... / PROFILE=1 ...                        # torch threads; print each side's top ops too
+
+On a CPU shared with other work use `THREADS=1`: with 2 threads every GEMM waits at OpenMP barriers
+for a core another process holds, and a step's time then moves 10x with the machine load.
 
 One training step = forward, cross-entropy + router_aux_loss_coef x load-balancing loss, backward,
 AdamW step, in fp32 on the CPU (`DEVICE=cuda DTYPE=bf16`: on a GPU, as bench/gpu.sh's moe case). Shape: a small Qwen3-MoE (8 experts,
@@ -51,6 +55,9 @@ SHAPE = dict(
     tie_word_embeddings=False,
 )
 BATCH, SEQ = (2, 32) if SMOKE else (4, 256)
+PROFILE = os.environ.get("PROFILE") == "1"
+if os.environ.get("THREADS"):
+    torch.set_num_threads(int(os.environ["THREADS"]))
 
 
 def _sync() -> None:
@@ -82,6 +89,8 @@ def main() -> int:
     coef = SHAPE["router_aux_loss_coef"]
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ), generator=gen).to(DEVICE)
+    # Next-token labels as transformers shifts them (the last position ignored): no sliced logits copy.
+    labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], dim=1).reshape(-1)
 
     def hf_step(model, opt):
         out = model(tokens, labels=tokens, output_router_logits=True)  # CE + coef * aux, as they train
@@ -92,7 +101,7 @@ def main() -> int:
 
     def our_step(model, opt):
         logits = model(tokens)
-        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, ignore_index=-100)
         loss = ce + coef * moe_aux_loss(model)[0]
         loss.backward()
         opt.step()
@@ -116,6 +125,14 @@ def main() -> int:
             if r >= WARMUP:
                 times[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
+    if PROFILE:  # one profiled step each: where the time goes, by op (self time)
+        from torch.profiler import ProfilerActivity, profile
+
+        for name, (model, step) in runs.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step(model, optims[name])
+            print(f"--- {name}: one step, top ops by self time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
     tokens_per_step = BATCH * SEQ
     result = {
         "date": time.strftime("%Y-%m-%d"),

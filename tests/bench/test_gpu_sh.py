@@ -57,3 +57,26 @@ def test_every_row(tmp_path):
     assert published == {"baseline": 5200, "+compile": 7900, "+packing": 57000}
     for row in LLAMA + QWEN:
         assert any(line.startswith(f"{row:<14}") for line in stdout.splitlines()), row
+
+
+def test_moe_row():
+    """Row moe:step runs bench/moe_step.py (SMOKE=1: the tiny CPU shape, 2 rounds): tunebench's
+    Qwen3-MoE step and transformers' two experts implementations from the same weights and tokens."""
+    env = dict(os.environ, SMOKE="1", ROWS="moe:step", THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu.sh")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tunebench / transformers (default experts):" in out.stdout
+    data = json.loads((REPO / "bench" / "out" / "moe_step_smoke.json").read_text())
+    names = ["transformers", "transformers_eager", "tunebench"]
+    assert sorted(data["tokens_per_s"]) == names and all(data["tokens_per_s"][n] > 0 for n in names)
+    assert data["threads"] == 1
+    first = data["first_step_loss"]  # same weights, same tokens: the same loss (fp32 sums, 1e-5)
+    for name in names:
+        assert abs(first[name] - first["tunebench"]) <= 1e-5 * abs(first["tunebench"]), (name, first)
