@@ -75,12 +75,12 @@ def poll_run(run_id: str, *, after_metric: int, after_event: int) -> tuple[dict,
 
 
 def eval_rows(run_id: str) -> list[dict[str, Any]]:
-    """Every evaluation score of a run (`tunebench eval`), by step: dicts of step, task, metric, value."""
+    """Every evaluation score of a run, by step: step, task, metric, value, checkpoint (`base`: its base model)."""
     from engine.tracking import readers
 
     with _db() as db:
         rows = readers.eval_results(run_id, db=db)
-    return [{"step": r.step, "task": r.task, "metric": r.metric, "value": r.value} for r in rows]
+    return [{k: getattr(r, k) for k in ("step", "task", "metric", "value", "checkpoint")} for r in rows]
 
 
 def launch_config(

@@ -67,6 +67,14 @@ class EstimateReady(Message):
 
 
 @dataclass
+class TimeEstimateReady(Message):
+    """The Recipe screen's expected run time for one edit (`note` instead when there is none)."""
+
+    estimate: Any = None  # engine.training.time_estimate.TimeEstimate
+    note: str = ""
+
+
+@dataclass
 class ValidationDone(Message):
     """`tunebench validate`'s problems plus the recipe's set-up checks; [] when the config is valid."""
 
@@ -146,10 +154,12 @@ class CompareLoaded(Message):
 
 @dataclass
 class CardsLoaded(Message):
-    """Model cards and the models already downloaded, for the Models screen."""
+    """Model cards and the models already downloaded, for the Models screen; `demo` is
+    `engine.models.demo_model.demo_status()` (ready, how, path)."""
 
     cards: Any
     local: Any
+    demo: Any = None
 
 
 @dataclass

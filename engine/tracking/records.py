@@ -8,6 +8,9 @@ from dataclasses import dataclass
 RUN_STATUSES = ("queued", "running", "completed", "failed", "stopped", "cancelled")
 RUN_KINDS = ("new", "clone", "resume")
 ACTIVE_STATUSES = ("queued", "running")
+# `eval_results.checkpoint` of a run's base-model scores (`tunebench eval RUN --base`, stored at step 0):
+# what the run started from, shown beside the run's own scores.
+BASE_CHECKPOINT = "base"
 
 
 @dataclass(frozen=True)

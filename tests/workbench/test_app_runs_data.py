@@ -416,3 +416,46 @@ async def test_compare_shows_eval_scores_per_run_at_their_step(tunebench_home):
         assert [str(c.label) for c in table.ordered_columns] == ["task / metric", "ra", "rb"]
         assert [str(c) for c in table.get_row_at(0)] == ["arith_mc / acc", "0.3 @3", "0.45 @3"]
         assert [str(c) for c in table.get_row_at(1)] == ["gsm8k_local / exact_match", "-", "0.125 @3"]
+
+
+async def test_compare_shows_the_base_model_beside_the_run(tunebench_home):
+    """`tunebench eval RUN --base` rows (checkpoint `base`, step 0) get their own column, and the
+    run's column keeps its latest checkpoint's score."""
+    from engine.tracking import MetricLogger
+    from workbench.screens.compare_screen import CompareScreen
+
+    a = make_finished_run("ra", "sft", [2.0, 1.5, 1.2], "lr: 0.0001\n")
+    b = make_finished_run("rb", "sft", [2.0, 1.4, 1.0], "lr: 0.0002\n")
+    log = MetricLogger(run_id=a, echo=False, max_delay_s=0)
+    log.eval_result(3, "demo_em", "exact_match,strict-match", 0.61)
+    log.eval_result(0, "demo_em", "exact_match,strict-match", 0.02, checkpoint="base")
+    log.close()
+    log = MetricLogger(run_id=b, echo=False, max_delay_s=0)
+    log.eval_result(3, "demo_em", "exact_match,strict-match", 0.55)
+    log.close()
+    app = make_app(interval=60)
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(app.make_screen("compare", run_ids=[a, b]))
+        cmp = await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen)
+        await wait_for(pilot, lambda: len(cmp.data) == 2, what="compare data")
+        await pilot.pause(0.1)
+        table = cmp.query_one("#evals")
+        assert [str(c.label) for c in table.ordered_columns] == ["task / metric", "ra", "ra base", "rb"]
+        assert [str(c) for c in table.get_row_at(0)] == [
+            "demo_em / exact_match,strict-match", "0.61 @3", "0.02", "0.55 @3",
+        ]  # fmt: skip
+
+
+def test_eval_table_steps_view_puts_the_base_first():
+    from workbench.widgets.eval_table import base_scores, latest_scores
+
+    rows = [
+        {"step": 0, "task": "t", "metric": "m", "value": 0.1, "checkpoint": "base"},
+        {"step": 20, "task": "t", "metric": "m", "value": 0.4, "checkpoint": "/r/step_20/model"},
+    ]
+    assert latest_scores(rows) == {("t", "m"): (20, 0.4)}
+    assert base_scores(rows) == {("t", "m"): 0.1}
+    from engine.tracking.records import BASE_CHECKPOINT
+    from workbench.widgets import eval_table
+
+    assert eval_table.BASE == BASE_CHECKPOINT

@@ -97,6 +97,7 @@ def snap_home(tunebench_home, tmp_path, monkeypatch):
     time.tzset()
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
     monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "24")
+    monkeypatch.setenv("TUNEBENCH_MATMUL_GFLOPS", "100")  # a fixed machine speed for the time estimate
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
@@ -184,6 +185,33 @@ def test_runs_screen_80x24_light(snap_compare, snap_home):
     assert snap_compare(make_app(interval=60, theme="light"), terminal_size=(80, 24), run_before=ready)
 
 
+@pytest.fixture
+def empty_home(tunebench_home, tmp_path, monkeypatch):
+    """A first start: no run in the tracker; a planned 24 GiB device and a fixed machine speed."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+    monkeypatch.setenv("TUNEBENCH_DEVICE_MEMORY_GB", "24")
+    monkeypatch.setenv("TUNEBENCH_MATMUL_GFLOPS", "100")
+    monkeypatch.chdir(tmp_path)
+    return tunebench_home
+
+
+def test_runs_screen_first_start(snap_compare, empty_home):
+    async def ready(pilot):
+        await _until(pilot, lambda: pilot.app.screen.empty is True)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
+def test_recipe_screen_first_run_demo(snap_compare, empty_home):
+    async def ready(pilot):
+        await _until(pilot, lambda: pilot.app.screen.empty is True)
+        await pilot.press("n")
+        await _until(pilot, lambda: getattr(pilot.app.screen, "time_estimate", None) is not None)
+        await _until(pilot, lambda: pilot.app.screen.query_one("MemoryPanel").last_estimate is not None)
+
+    assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
+
+
 def test_live_run_screen(snap_compare, snap_home):
     async def ready(pilot):
         pilot.app.push_screen(pilot.app.make_screen("live", run_id=snap_home["c"]))
@@ -216,6 +244,7 @@ def test_recipe_screen(snap_compare, snap_home):
         app.push_screen(app.make_screen("recipe", config="sft_smollm2.yaml"))
         await _until(pilot, lambda: "lora_rank: 16" in getattr(app.screen, "yaml_text", ""))
         await _until(pilot, lambda: app.screen.query_one("MemoryPanel").last_estimate is not None)
+        await _until(pilot, lambda: app.screen.time_estimate is not None)
 
     assert snap_compare(make_app(interval=60), terminal_size=SIZE, run_before=ready)
 
@@ -287,6 +316,8 @@ def test_models_screen(snap_compare, snap_home, tunebench_home, monkeypatch):
     folder = tunebench_home / "models" / "smollm2-135m-instruct"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):  # a converted demo
+        (folder / name).write_text("{}")
 
     async def ready(pilot):
         app = pilot.app

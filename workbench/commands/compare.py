@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("compare needs two or more runs: tunebench compare RUN RUN ... (or --sweep NAME)")
     with open_db(create=False) as db:
         summaries = [summarize(get_run(r, db=db), db=db) for r in args.runs]
-        evals = [latest_scores(eval_results(s.run.id, db=db)) for s in summaries]
+        all_evals = [eval_results(s.run.id, db=db) for s in summaries]
+    evals = [latest_scores(rows) for rows in all_evals]
+    bases = [base_scores(rows) for rows in all_evals]
     configs = [parse_yaml(s.run.config_text, source=f"run {s.run.name}") for s in summaries]
     diff = config_diff(configs)
     if args.json:
@@ -56,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
             "eval_results": {
                 s.run.id: [{"task": t, "metric": m, "value": v, "step": st} for (t, m), (v, st) in e.items()]
                 for s, e in zip(summaries, evals)
+            },
+            "base_eval_results": {  # the run's base model (`tunebench eval RUN --base`)
+                s.run.id: [{"task": t, "metric": m, "value": v} for (t, m), v in b.items()]
+                for s, b in zip(summaries, bases)
             },
         }
         if ranking is not None:
@@ -80,11 +86,14 @@ def run(args: argparse.Namespace) -> int:
         ["peak memory GB", *[f(s.mem_peak_gb) for s in summaries]],
         ["parent", *[s.run.parent_id or "-" for s in summaries]],
     ]
-    for task, metric in sorted({key for e in evals for key in e}):
+    for task, metric in sorted({key for e in evals + bases for key in e}):
         cells = []
-        for e in evals:
+        for e, b in zip(evals, bases):
             value, step = e.get((task, metric), (None, None))
-            cells.append("-" if value is None else f"{value:.4g} @ step {step}")
+            cell = "-" if value is None else f"{value:.4g} @ step {step}"
+            if (task, metric) in b:
+                cell += f" (base {b[(task, metric)]:.4g})"
+            cells.append(cell)
         rows.append([f"eval {task} {metric}", *cells])
     text = head + table(["", *names], rows) + "\n\n"
     if diff:
@@ -126,11 +135,22 @@ def _ranking_text(sweep: str, key: str, higher: bool, rows) -> str:
 
 
 def latest_scores(rows) -> dict[tuple[str, str], tuple[float, int]]:
-    """(task, metric) -> (value, step) of a run's newest evaluation of each score."""
+    """(task, metric) -> (value, step) of a run's newest evaluation of each score (its checkpoints'
+    scores; the base model's are `base_scores`)."""
+    from engine.tracking.records import BASE_CHECKPOINT
+
     latest: dict[tuple[str, str], tuple[float, int]] = {}
     for row in rows:  # ordered by step, then id: later rows win
-        latest[(row.task, row.metric)] = (row.value, row.step)
+        if row.checkpoint != BASE_CHECKPOINT:
+            latest[(row.task, row.metric)] = (row.value, row.step)
     return latest
+
+
+def base_scores(rows) -> dict[tuple[str, str], float]:
+    """(task, metric) -> value of the run's base model (`tunebench eval RUN --base`; newest wins)."""
+    from engine.tracking.records import BASE_CHECKPOINT
+
+    return {(r.task, r.metric): r.value for r in rows if r.checkpoint == BASE_CHECKPOINT}
 
 
 def _show(v) -> str:

@@ -6,7 +6,10 @@ folder (Hugging Face files, or a LoRA checkpoint's PEFT adapters), a run's `chec
 folder, or `demo`. Tasks: the offline files in configs/eval/tasks (`arith_mc`, `gsm8k_local`), a task
 YAML path, or any lm-eval task name. A run's scores are stored with it at the checkpoint's step
 (`tunebench show RUN`, `tunebench compare`); `--all-checkpoints` scores every saved step not yet
-scored on these tasks (periodic evaluation of a training run, also while it trains).
+scored on these tasks (periodic evaluation of a training run, also while it trains). `--base`
+scores the model the run started from (its config's `checkpoint_dir`) and stores those scores with
+the run as its base (step 0, checkpoint `base`): Compare and `tunebench compare` show them beside
+the run's own.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, default=None, help="the run's checkpoint step (default: latest)")
     p.add_argument(
         "--all-checkpoints", action="store_true", help="score every checkpoint of the run not yet scored"
+    )
+    p.add_argument(
+        "--base",
+        action="store_true",
+        help="score the run's base model (its checkpoint_dir) and store it with the run as its base",
     )
     p.add_argument("--task-dir", action="append", default=[], help="extra folder of task YAMLs (repeatable)")
     p.add_argument(
@@ -153,14 +161,60 @@ def trained_with_nf4_base(config_text: str) -> bool:
     return bool(model.get("quantize_base")) or ".qlora_" in str(model.get("_component_", ""))
 
 
+def base_model_of(config_text: str) -> str | None:
+    """The model a run's config starts from: its `checkpoint_dir`, else `model.checkpoint_dir`
+    (`lora_from_pretrained` configs), else None."""
+    from engine.config import ConfigError
+    from engine.config._yaml import parse_yaml
+
+    try:
+        cfg = parse_yaml(config_text or "")
+    except ConfigError:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    found = cfg.get("checkpoint_dir") or model.get("checkpoint_dir")
+    return str(found) if found else None
+
+
+def resolve_base(spec: str) -> tuple[str, Path]:
+    """`(run id, base model folder or "demo")` for `--base`. Raises UserError when `spec` is not a
+    run or its config names no base model."""
+    from engine.tracking.db import open_db
+    from engine.tracking.errors import RunNotFound
+    from engine.tracking.paths import db_path
+    from engine.tracking.readers import get_run
+
+    if spec == "demo" or Path(spec).expanduser().exists() or not db_path().exists():
+        raise UserError(
+            f"--base: {spec!r} is not a run; --base scores a run's base model, give a run id or name"
+        )
+    try:
+        with open_db(create=False) as db:
+            rec = get_run(spec, db=db)
+    except RunNotFound:
+        raise UserError(f"--base: no run {spec!r}; use a run from `tunebench runs`") from None
+    base = base_model_of(rec.config_text)
+    if base is None:
+        raise UserError(
+            f"--base: run {rec.name}'s config has no checkpoint_dir; evaluate its base model folder directly"
+        )
+    return rec.id, Path(base)
+
+
 def _scored_steps(run_id: str, tasks: list[str]) -> set[int]:
     from engine.tracking.db import open_db
     from engine.tracking.readers import eval_results
 
     with open_db(create=False) as db:
         rows = eval_results(run_id, db=db)
+    from engine.tracking.records import BASE_CHECKPOINT
+
     by_step: dict[int, set[str]] = {}
     for row in rows:
+        if row.checkpoint == BASE_CHECKPOINT:
+            continue  # the base model's scores, not a checkpoint's
         by_step.setdefault(row.step, set()).add(row.task)
     return {s for s, names in by_step.items() if all(t in names for t in tasks)}
 
@@ -178,6 +232,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--max-length {args.max_length}: must be at least 1 (or leave it out)")
     if args.step is not None and args.all_checkpoints:
         raise UserError("--step and --all-checkpoints: choose one")
+    if args.base and (args.step is not None or args.all_checkpoints):
+        raise UserError("--base scores the run's base model: drop --step / --all-checkpoints")
     for folder in args.task_dir:
         if not Path(folder).expanduser().is_dir():
             raise UserError(f"--task-dir {folder}: no such folder; give a folder of lm-eval task YAMLs")
@@ -189,7 +245,11 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = split_tasks(args.tasks)
     resolve_task_specs(tasks, args.task_dir)  # task files and their data exist, before any model loads
-    run_id, targets, nf4_base = resolve_target(args.target, args.step)
+    if args.base:
+        run_id, base = resolve_base(args.target)
+        targets, nf4_base = [(0, base)], False
+    else:
+        run_id, targets, nf4_base = resolve_target(args.target, args.step)
     if run_id is not None and args.step is None and not args.all_checkpoints:
         targets = targets[-1:]  # the latest checkpoint
     if run_id is not None and args.all_checkpoints:
@@ -201,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
             print("every checkpoint is already scored on these tasks", file=sys.stderr)
             return 0
     from engine.recipes.eval import EvalRecipe
+    from engine.tracking.records import BASE_CHECKPOINT
 
     limit = int(args.limit) if args.limit is not None and float(args.limit).is_integer() else args.limit
     jobs = []
@@ -220,11 +281,13 @@ def run(args: argparse.Namespace) -> int:
             "quantize_base": nf4_base,
             "run": run_id,
             "step": step,
+            "checkpoint_label": BASE_CHECKPOINT if args.base else None,
         }
         jobs.append((step, folder, EvalRecipe(cfg)))  # every config checked before anything is printed
     out = []
     for step, folder, recipe in jobs:
-        print(f"evaluating {folder} (step {step}) on {', '.join(tasks)}", file=sys.stderr)
+        what = f"the base model {folder}" if args.base else f"{folder} (step {step})"
+        print(f"evaluating {what} on {', '.join(tasks)}", file=sys.stderr)
         report = recipe.run()
         out.append(
             {
@@ -245,5 +308,6 @@ def run(args: argparse.Namespace) -> int:
     rows = [[str(r["step"]), s["task"], s["metric"], f"{s['value']:.4f}"] for r in out for s in r["scores"]]
     emit(table(["STEP", "TASK", "METRIC", "VALUE"], rows))
     if run_id is not None:
-        print(f"stored with run {run_id} (tunebench show {run_id})", file=sys.stderr)
+        kind = " as its base" if args.base else ""
+        print(f"stored with run {run_id}{kind} (tunebench show {run_id})", file=sys.stderr)
     return 0

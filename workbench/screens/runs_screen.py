@@ -3,7 +3,9 @@ config as YAML, or the model as GGUF), delete, tag and annotate runs from here; 
 and cancel them, pause the queue, and compare a sweep ranked best first.
 
 Space marks runs for compare or bulk actions; without marks an action applies to the run under
-the cursor. Quitting the workbench never stops a run.
+the cursor. Quitting the workbench never stops a run. An empty tracker (a first start) shows what
+tunebench is and offers the demo: `n` opens the Recipe screen on the demo config with its expected
+time on this machine, and enter there launches it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Label
+from textual.widgets import Footer, Header, Input, Label, Static
 
 from workbench import run_queue, services
 from workbench.commands.export_model import TYPES as GGUF_TYPES
@@ -21,12 +23,26 @@ from workbench.ui_messages import ModelExported, RunActionDone, RunsLoaded, Work
 from workbench.widgets.runs_table import COLUMNS, RunsTable
 
 SORTABLE = [key for key, _ in COLUMNS if key != "mark"]
+FIRST_RUN = (
+    "tunebench fine-tunes language models (SFT full / LoRA / QLoRA, DPO, distillation, GRPO) and "
+    "tracks every run here, live.\n"
+    "No runs yet: press [b]n[/b] to set up the demo (LoRA on the embedded SmolLM2-135M-Instruct, "
+    "nothing to download); the Recipe screen shows its expected time, [b]enter[/b] launches it."
+)
 
 
 class RunsScreen(Screen):
     """Runs: every run in the tracker, updated live; the home screen."""
 
     TITLE = "Runs"
+    DEFAULT_CSS = """
+    RunsScreen #first-run {
+        height: auto;
+        border: round $accent;
+        padding: 0 1;
+        margin: 1 2;
+    }
+    """
     BINDINGS = [
         Binding("enter", "open", "open"),
         Binding("space", "mark", "mark", show=False),
@@ -55,12 +71,17 @@ class RunsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Input(placeholder="filter: words in name, status, recipe, model, tags", id="filter")
+        yield Static(FIRST_RUN, id="first-run")
         yield RunsTable(id="runs")
         yield Label("", id="runs-status")
         yield Footer()
 
+    empty: bool | None = None  # the tracker has no run (None until the first poll answers)
+
     def on_mount(self) -> None:
         self.query_one("#filter").display = False
+        self.query_one("#first-run").display = False
+        self.query_one("#first-run").border_title = "welcome"
         self.query_one(RunsTable).focus()
         self.refresh_runs()
         self.set_interval(self.app.interval * 2, self.refresh_runs)
@@ -84,6 +105,8 @@ class RunsScreen(Screen):
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         table = self.query_one(RunsTable)
         table.set_rows(message.rows)
+        self.empty = not message.rows
+        self.query_one("#first-run").display = self.empty
         running = sum(1 for r in message.rows if r["status"] == "running")
         shown = len(table.visible_ids)
         queue = message.queue or {}
@@ -161,6 +184,11 @@ class RunsScreen(Screen):
         self.app.push_screen(self.app.make_screen("playground", models=ids[:2] or ["demo"]))
 
     def action_new(self) -> None:
+        if self.empty:  # a first start: the demo, with a banner and enter to launch
+            from workbench.screens.recipe import DEFAULT_CONFIG
+
+            self.app.push_screen(self.app.make_screen("recipe", config=DEFAULT_CONFIG, first_run=True))
+            return
         self.app.push_screen(self.app.make_screen("recipe"))
 
     def action_clone(self) -> None:
