@@ -38,7 +38,7 @@ def first_home(tunebench_home, monkeypatch, tmp_path):
 async def test_empty_tracker_offers_the_demo_n_shows_its_time_and_enter_launches(first_home, monkeypatch):
     from engine.config import find_config, parse_yaml
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
     from workbench import services
     from workbench.screens.live import LiveRunScreen
     from workbench.screens.recipe import RecipeScreen
@@ -70,7 +70,7 @@ async def test_empty_tracker_offers_the_demo_n_shows_its_time_and_enter_launches
         assert recipe.cfg == demo  # the shipped demo config, unchanged
         est = recipe.time_estimate
         # 40 steps (max_steps_per_epoch) of 4 rows x 192 tokens; the figure follows from the FLOPs
-        # per token of SmolLM2-135M under LoRA (forward + input-gradient backward) at 100 GFLOP/s x 0.5.
+        # per token of SmolLM2-135M under LoRA (forward + input-gradient backward) at 100 GFLOP/s x EFFICIENCY.
         assert (est.steps, est.tokens_per_step) == (40, 4 * 192)
         line = str(recipe.query_one("#time-estimate").render())
         assert "expected time: ~" in line and "for 40 steps on cpu (estimate" in line
@@ -87,7 +87,7 @@ async def test_empty_tracker_offers_the_demo_n_shows_its_time_and_enter_launches
 
 async def test_runs_screen_with_runs_has_no_welcome_and_n_opens_the_plain_recipe(first_home):
     from engine.tracking.db import open_db
-    from engine.tracking.runs import create_run
+    from engine.tracking.run_rows import create_run
     from workbench.screens.recipe import RecipeScreen
 
     with open_db() as db:
@@ -109,7 +109,7 @@ def _demo_cell(app) -> list[str]:
 
 @pytest.mark.parametrize("state", ["converted", "package", "absent"])
 async def test_models_screen_marks_the_demo_model(first_home, monkeypatch, state):
-    from engine.checkpoint.errors import CheckpointError
+    from engine.checkpoint.checkpoint_errors import CheckpointError
     from engine.models import demo_model as demo
     from workbench.screens.models_screen import ModelsScreen
 

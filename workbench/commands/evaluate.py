@@ -182,9 +182,9 @@ def resolve_base(spec: str) -> tuple[str, Path]:
     """`(run id, base model folder or "demo")` for `--base`. Raises UserError when `spec` is not a
     run or its config names no base model."""
     from engine.tracking.db import open_db
-    from engine.tracking.errors import RunNotFound
     from engine.tracking.paths import db_path
     from engine.tracking.readers import get_run
+    from engine.tracking.tracker_errors import RunNotFound
 
     if spec == "demo" or Path(spec).expanduser().exists() or not db_path().exists():
         raise UserError(

@@ -13,7 +13,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.model import LM  # noqa: E402
 
-from engine.data.demo import KINDS, demo_heldout_rows, demo_rows  # noqa: E402
+from engine.data.demo import KINDS, WORDS, demo_heldout_rows, demo_rows  # noqa: E402
 from engine.eval import evaluate  # noqa: E402
 from engine.eval.tasks import BUILTIN_TASK_DIR  # noqa: E402
 
@@ -63,7 +63,19 @@ def test_reference_answers_score_one_and_unformatted_answers_zero():
     unformatted = _scores(lambda q: f"The answer is {rows[q]['target']}")  # right, but no "####"
     assert unformatted["exact_match,strict-match"] == 0.0
     assert unformatted["exact_match,flexible-extract"] == pytest.approx(numeric / 100)
-    swapped = _scores(lambda q: "#### " + rows[q]["target"].swapcase() + ".")  # trailing "." ignored
-    lettered = sum(any(c.isalpha() for c in r["target"]) for r in rows.values())
-    assert lettered > 0
-    assert swapped["exact_match,strict-match"] == pytest.approx(1 - lettered / 100)  # case counts
+    # Every "Reverse the letters ..." and "... in capital letters" question (one of each per word) is
+    # among the 3000 training rows, so the held-out string rows are all letter counts and no target
+    # holds a letter: case sensitivity (ignore_case: false) never decides a held-out score.
+    trained = {r["question"] for r in demo_rows(3000, 0, "train")}
+    for word in WORDS:
+        assert f"Reverse the letters of the word '{word}'." in trained
+        assert f"Write the word '{word}' in capital letters." in trained
+    strings = [r["question"] for r in rows.values() if r["kind"] == "string"]
+    assert all(q.startswith("How many times does the letter ") for q in strings)
+    assert not any(c.isalpha() for r in rows.values() for c in r["target"])
+    # strict-match reads the last "####" only, and drops a trailing "."
+    restated = _scores(lambda q: "#### 0\nSo: #### " + rows[q]["target"] + ".")
+    assert restated["exact_match,strict-match"] == 1.0
+    # exact, not a prefix: one extra digit is wrong
+    longer = _scores(lambda q: "#### " + rows[q]["target"] + "0")
+    assert longer["exact_match,strict-match"] == 0.0
