@@ -8,16 +8,15 @@ Compute time = training FLOPs of the run / (this machine's measured matmul rate 
   keys on average). The backward pass costs 2 forwards for a full fine-tune (gradients of the inputs
   and of the weights) and 1 for LoRA/QLoRA (the frozen weights need no gradient; the adapters' are
   negligible); activation checkpointing recomputes 1 more forward.
-- Tokens per optimizer step: batch x accumulation x sequences per sample (2 for preference pairs) x
-  data-parallel ranks x `seq_len`: every row counted at the full `seq_len`, an upper bound for
-  unpacked rows (padded to the longest row of their batch only).
+- Tokens per optimizer step: batch x accumulation x data-parallel ranks x `seq_len`: every row
+  counted at the full `seq_len`, an upper bound for unpacked rows (padded to the longest row of
+  their batch only).
 - The matmul rate: a `MATMUL_SHAPE` product timed for ~0.3 s on the run's device and dtype, cached for
   a day in `TUNEBENCH_HOME/cache/matmul_rate.json` (the probe reads the machine as it is, load
   included). `TUNEBENCH_MATMUL_GFLOPS` sets it instead (planning for another machine, or tests).
-- `EFFICIENCY`: the share of the matmul rate a training step reaches (norms, softmax, optimizer,
-  the Python loop and the rows shorter than `seq_len` all count against it). Measured: the demo
-  config (LoRA, SmolLM2-135M, batch 4, unpacked rows of ~100 of its 192 tokens) on the shared
-  2-core CPU box, docs/BENCHMARKS.md "Demo"; other models and devices land within a few x of it.
+- `EFFICIENCY`: the share of the probe's rate a training step is taken to reach. Norms, softmax,
+  the optimizer and the Python loop count against it; rows shorter than `seq_len` count for it (they
+  are counted at full length), so it is not bounded by 1. 0.5 is a round figure, not a measurement.
 
 Start-up (loading the model and tokenising the data) is not included; the estimate says so.
 """

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from engine.training.memory_estimate import MemoryEstimateError, ModelShape
 from engine.training.time_estimate import (
+    EFFICIENCY,
     TimeEstimate,
     estimate_time,
     format_seconds,
@@ -84,9 +85,9 @@ def test_estimate_seconds_by_hand():
     fwd = forward_flops_per_token(TINY, 10)
     per_step = 4 * 10 * 2 * fwd + 8 * 10 * fwd / 20
     assert est.flops_per_step == pytest.approx(per_step, rel=1e-12)
-    assert est.seconds == pytest.approx(20 * per_step / (1e9 * 0.5), rel=1e-12)
+    assert est.seconds == pytest.approx(20 * per_step / (1e9 * EFFICIENCY), rel=1e-12)
     assert est.summary().endswith("for 20 steps on cpu (estimate; start-up not included)")
-    unknown = TimeEstimate(None, 40, 8e9, 1e9, "cpu", "test")
+    unknown = TimeEstimate(None, 40, 8e9, 1e9, "cpu", "test", efficiency=0.5)
     assert unknown.seconds is None and unknown.summary() == "~16 s per step on cpu (estimate; steps unknown)"
     assert [format_seconds(s) for s in (0.2, 42, 400, 7200)] == ["1 s", "42 s", "7 min", "2.0 h"]
 
