@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's engine/workbench, not an installed copy
 OUT = REPO / "bench" / "out"
 CONFIG = "demo/smollm2_135m_lora"
 TASKS = (("demo_em", True), ("arith_mc", False))  # (task, with the chat template)
