@@ -16,7 +16,9 @@ Compute time = training FLOPs of the run / (this machine's measured matmul rate 
   included). `TUNEBENCH_MATMUL_GFLOPS` sets it instead (planning for another machine, or tests).
 - `EFFICIENCY`: the share of the probe's rate a training step is taken to reach. Norms, softmax,
   the optimizer and the Python loop count against it; rows shorter than `seq_len` count for it (they
-  are counted at full length), so it is not bounded by 1. 0.5 is a round figure, not a measurement.
+  are counted at full length), so it is not bounded by 1. 0.5 is a round figure, not fitted to a
+  measurement; docs/BENCHMARKS.md "Demo" sets the demo config's estimates against two measured runs
+  (13.6 min estimated, 15.8 measured; 72 min estimated, ~31 measured under load 12-17).
 
 Start-up (loading the model and tokenising the data) is not included; the estimate says so.
 """
