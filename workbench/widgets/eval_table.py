@@ -65,6 +65,14 @@ class EvalTable(DataTable):
         self.add_class("-empty")
         self.border_title = "evaluation"
 
+    def watch_virtual_size(self) -> None:
+        """Lay the screen out again once the table knows its height. DataTable measures its rows when
+        idle, after the screen may already have laid it out with no rows; Textual keeps that layout
+        when the size change arrives while another layout is pending (seen under load: the table
+        stayed 0 rows high). A layout asked for after the next refresh is never folded into one
+        already pending."""
+        self.call_after_refresh(self.refresh, layout=True)
+
     def show_runs(self, rows_by_run: dict[str, list[dict[str, Any]]]) -> None:
         columns: dict[str, dict[tuple[str, str], str]] = {}
         for name, rows in rows_by_run.items():
