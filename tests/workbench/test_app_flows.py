@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app
 
 RECIPES = Path(__file__).resolve().parent / "recipes_for_tests"
@@ -70,17 +70,6 @@ def _runs():
 
     with open_db() as db:
         return list_runs(db=db)
-
-
-async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition"):
-    """Let the app run until `predicate()` is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def type_text(pilot, text: str) -> None:

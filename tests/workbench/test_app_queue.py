@@ -14,6 +14,7 @@ import yaml
 
 from engine.tracking.db import open_db
 from engine.tracking.readers import get_run
+from tests.workbench.pilot_wait import wait_for
 from workbench import launcher, run_queue
 from workbench.app import make_app
 
@@ -67,16 +68,6 @@ def _order():
     return [r.name for r in run_queue.view().waiting]
 
 
-async def wait_for(pilot, predicate, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _cursor_on(table, name):
     rid = _run(name).id
     table.move_cursor(row=table.visible_ids.index(rid))
@@ -93,10 +84,10 @@ async def test_runs_screen_queues_reorders_cancels_pauses_and_the_queue_outlives
     app = make_app(interval=0.2, recipe_module="lsq_recipe")
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.rows_by_id) == 4, "the runs")
+        await wait_for(pilot, lambda: len(table.rows_by_id) == 4, what="the runs")
         status = app.screen.query_one("#runs-status")
         await wait_for(
-            pilot, lambda: "queue: 3 waiting (paused: P resumes)" in str(status.render()), "status"
+            pilot, lambda: "queue: 3 waiting (paused: P resumes)" in str(status.render()), what="status"
         )
         assert str(table.get_cell(_run("c").id, "status")) == "queued #3"
 
@@ -110,31 +101,33 @@ async def test_runs_screen_queues_reorders_cancels_pauses_and_the_queue_outlives
         # Reorder: c up twice (to the front), then a down once.
         _cursor_on(table, "c")
         await pilot.press("shift+up", "shift+up")
-        await wait_for(pilot, lambda: _order() == ["c", "a", "b"], "c first")
+        await wait_for(pilot, lambda: _order() == ["c", "a", "b"], what="c first")
         _cursor_on(table, "a")
         await pilot.press("shift+down")
-        await wait_for(pilot, lambda: _order() == ["c", "b", "a"], "a last")
-        await wait_for(pilot, lambda: str(table.get_cell(_run("a").id, "status")) == "queued #3", "the table")
+        await wait_for(pilot, lambda: _order() == ["c", "b", "a"], what="a last")
+        await wait_for(
+            pilot, lambda: str(table.get_cell(_run("a").id, "status")) == "queued #3", what="the table"
+        )
 
         # Queue a registered run with u; cancel two waiting runs at once (marks, x, confirm).
         _cursor_on(table, "e")
         await pilot.press("u")
-        await wait_for(pilot, lambda: _order() == ["c", "b", "a", "e"], "e queued")
+        await wait_for(pilot, lambda: _order() == ["c", "b", "a", "e"], what="e queued")
         for name in ("b", "a"):
             _cursor_on(table, name)
             await pilot.press("space")
         await pilot.press("x")
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", "the confirmation")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="the confirmation")
         assert "Cancel b, a?" in str(app.screen.query_one("Label").render()) or "Cancel a, b?" in str(
             app.screen.query_one("Label").render()
         )
         await pilot.press("y")
-        await wait_for(pilot, lambda: _order() == ["c", "e"], "a and b cancelled")
+        await wait_for(pilot, lambda: _order() == ["c", "e"], what="a and b cancelled")
         assert [_run(n).status for n in "ab"] == ["cancelled", "cancelled"]
 
         # P resumes the queue: the scheduler (started from the app) starts c; e waits behind it.
         await pilot.press("P")
-        await wait_for(pilot, lambda: _run("c").status == "running", "c to start", timeout=180)
+        await wait_for(pilot, lambda: _run("c").status == "running", timeout=180, what="c to start")
         assert _run("e").status == "queued" and _run("e").started_at is None
     # The app has quit while c runs and e waits: the detached scheduler goes on.
     quit_at = time.time()
@@ -155,30 +148,36 @@ async def test_recipe_screen_queues_a_sweep_and_a_bad_value_queues_nothing(lsq_h
     app = make_app(interval=0.2, recipe_module="lsq_recipe")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen, "recipe")
+        screen = await wait_for(
+            pilot, lambda: isinstance(app.screen, RecipeScreen) and app.screen, what="recipe"
+        )
         app.set_focus(screen.query_one("#config-path"))
         for ch in "lsq.yaml":
             await pilot.press(ch if ch != "." else "full_stop")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.base.get("steps") == 3, "config loaded")
+        await wait_for(pilot, lambda: screen.base.get("steps") == 3, what="config loaded")
         screen.query_one("#run-name").value = "lrs"
 
         await pilot.press("f7")
-        await wait_for(pilot, lambda: app.screen.query("#text"), "the sweep prompt")
+        await wait_for(pilot, lambda: app.screen.query("#text"), what="the sweep prompt")
         app.screen.query_one("#text").value = "lr=0.01,[oops x seed=1,2"
         await pilot.press("enter")
         problems = screen.query_one("#problems")
-        await wait_for(pilot, lambda: "nothing was queued" in str(problems.render()), "the one-line problem")
+        await wait_for(
+            pilot, lambda: "nothing was queued" in str(problems.render()), what="the one-line problem"
+        )
         text = str(problems.render())
         assert "sweep lrs, run 3 (lr=[oops seed=1)" in text and len(text.strip().splitlines()) == 1
         with open_db() as db:
             assert sweep_runs("lrs", db=db) == []
 
         await pilot.press("f7")
-        await wait_for(pilot, lambda: app.screen.query("#text"), "the sweep prompt")
+        await wait_for(pilot, lambda: app.screen.query("#text"), what="the sweep prompt")
         app.screen.query_one("#text").value = "lr=0.01,0.02 x seed=1,2"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "RunsScreen", "back on the Runs screen")
+        await wait_for(
+            pilot, lambda: type(app.screen).__name__ == "RunsScreen", what="back on the Runs screen"
+        )
     with open_db() as db:
         runs = sweep_runs("lrs", db=db)
     got = [
@@ -211,14 +210,14 @@ async def test_w_opens_compare_on_the_sweep_ranked_by_val_loss(lsq_home):
     app = make_app(interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.rows_by_id) == 3, "the runs")
+        await wait_for(pilot, lambda: len(table.rows_by_id) == 3, what="the runs")
         _cursor_on(table, "s-1")
         await pilot.press("w")
         screen = await wait_for(
-            pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen, "compare"
+            pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen, what="compare"
         )
         summary = screen.query_one("#summary", DataTable)
-        await wait_for(pilot, lambda: summary.row_count == 3, "the ranked summary")
+        await wait_for(pilot, lambda: summary.row_count == 3, what="the ranked summary")
         rows = [[str(c) for c in summary.get_row_at(i)] for i in range(3)]
         assert [(r[0], r[1], r[2]) for r in rows] == [
             ("1", "0.3", "s-2"),

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app, refresh_interval
 
 SIZE = (110, 36)
@@ -32,16 +32,6 @@ def make_finished_run(name: str, recipe: str, losses: list[float], config: str, 
     log.event(len(losses), "checkpoint", f"checkpoints/step_{len(losses)}")
     log.close()
     return run.id
-
-
-async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def test_runs_filter_sort_mark_tag_note_and_typed_delete(tunebench_home):

