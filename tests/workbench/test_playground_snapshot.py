@@ -51,7 +51,10 @@ def test_playground_screen(snap_compare, two_models):
         screen = app.screen
         await _until(pilot, lambda: all(screen.column(i).status.startswith("ready") for i in range(2)))
         screen.query_one("SamplingControls").set_values(max_tokens="32")
-        screen.query_one("#prompt").value = "what is two plus two?"
+        prompt = screen.query_one("#prompt")
+        prompt.cursor_blink = False  # a blinking cursor makes the picture depend on the moment it is taken
+        prompt.value = "what is two plus two?"
+        prompt.focus()
         await pilot.press("enter")
         await _until(pilot, lambda: all(len(screen.column(i).messages) == 2 for i in range(2)))
 
