@@ -30,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's engine/workbench, not an installed copy
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ itself, for machine_info
+from machine_info import machine_line  # noqa: E402
+
 OUT = REPO / "bench" / "out"
 CONFIG = "demo/smollm2_135m_lora"
 TASKS = (("demo_em", True), ("arith_mc", False))  # (task, with the chat template)
@@ -39,22 +42,6 @@ SHOWN = (
     ("arith_mc", "acc", "arith_mc accuracy"),
     ("arith_mc", "acc_norm", "arith_mc accuracy (length-normalised)"),
 )
-
-
-def machine_line() -> str:
-    """CPU model, the SIMD flags that matter, core count and load average (the figures are noisy)."""
-    model, flags = "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = " ".join(f for f in ("sse4_2", "avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"CPU: {model}, {os.cpu_count()} cores, flags: {simd or '-'}; load average {load}"
 
 
 def tunebench(args: list[str], env: dict, *, capture: bool = False) -> str:

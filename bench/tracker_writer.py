@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ itself, for machine_info
+from machine_info import machine_line  # noqa: E402
 
 from engine.tracking import MetricLogger  # noqa: E402
 from engine.tracking.db import open_db  # noqa: E402
@@ -192,22 +194,6 @@ def bench_readers(home: Path, steps: int = 50_000, repeats: int = 20) -> dict:
                 times.append(time.perf_counter() - t0)
             out[name] = statistics.median(times) * 1e3
     return out
-
-
-def machine_line() -> str:
-    """CPU model, the SIMD flags that matter, core count and load average (the figures are noisy)."""
-    model, flags = "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = " ".join(f for f in ("sse4_2", "avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"CPU: {model}, {os.cpu_count()} cores, flags: {simd or '-'}; load average {load}"
 
 
 def main() -> int:
