@@ -10,7 +10,9 @@ starting model (full fine-tuning) or the policy with its adapters disabled (LoRA
 Reference-free losses (`ORPOLoss`, `SimPOLoss`: `loss_fn.reference_free`) get the summed log-probs and
 response lengths instead, and no reference is built or run. `KTOLoss` treats every pair as two
 unpaired examples (chosen desirable, rejected undesirable) and estimates its KL reference point from
-mismatched prompt/response rows of the same micro-batch (one more policy and reference forward, no grad).
+mismatched prompt/response rows of the same micro-batch (one more policy and reference forward, no grad;
+on several ranks the global micro-batch's, all-reduced, so N ranks equal one process); it needs
+`batch_size >= 2`.
 With an unpaired dataset (`engine.data.unpaired_dataset`: prompt, completion, label rows) KTO runs on
 its labelled completions as they are (`[B,S]`, a `desirable [B]` mask); only KTOLoss takes such data.
 
@@ -162,10 +164,12 @@ class DPORecipe:
                 hint="set loss._component_: engine.modules.loss.KTOLoss or use a preference dataset",
                 field="dataset",
             )
-        if self.unpaired and self.batch_size < 2:
+        if isinstance(self.loss_fn, KTOLoss) and self.batch_size < 2:
+            # paired data with 1 pair: row i+1 of [chosen; rejected] is the same prompt's other answer
+            what = "examples" if self.unpaired else "pairs"
             raise ConfigError(
-                "KTO on unpaired data needs >= 2 examples per micro-batch (its KL estimate pairs each prompt "
-                "with another example's completion)",
+                f"KTO needs >= 2 {what} per micro-batch, got {self.batch_size} (its KL estimate pairs each "
+                "prompt with another prompt's completion)",
                 hint="raise it to 4 or more",
                 field="batch_size",
             )
@@ -205,7 +209,7 @@ class DPORecipe:
 
     def _losses(self, batch: dict, logps: torch.Tensor, B: int):
         """`(losses, chosen_rewards [B], rejected_rewards [B], extra metrics)` for the configured loss."""
-        from engine.modules.loss.kto_loss import mismatched_pairs
+        from engine.modules.loss.kto_loss import global_mismatched_pairs
 
         if self.reference_free:
             lengths = torch.cat([batch["chosen_labels"], batch["rejected_labels"]]).ne(-100).sum(1)
@@ -217,10 +221,15 @@ class DPORecipe:
         if not isinstance(self.loss_fn, KTOLoss):
             losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:])
             return losses, r_c, r_r, {}
-        # KTO: 2B unpaired examples; z0 from row i's prompt with row i+1's response (no grad)
-        tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])
-        labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])
-        kl_tokens, kl_labels = mismatched_pairs(tokens, labels, self.tokenizer.pad_id)
+        # KTO: 2B unpaired examples; z0 from row i's prompt with row i+1's response over the global
+        # micro-batch (every rank's chosen rows, then every rank's rejected rows; no grad, all-reduced)
+        kl_tokens, kl_labels = global_mismatched_pairs(
+            [
+                (batch["chosen_tokens"], batch["chosen_labels"]),
+                (batch["rejected_tokens"], batch["rejected_labels"]),
+            ],
+            self.tokenizer.pad_id,
+        )
         with torch.no_grad():
             kl_policy = token_logprobs(self.model, kl_tokens, kl_labels).sum(1)
             with ctx:
@@ -254,13 +263,13 @@ class DPORecipe:
         self, batch: dict
     ) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | float]:
         """KTO on labelled completions: `tokens`/`labels [N,S]`, `desirable [N]`."""
-        from engine.modules.loss.kto_loss import mismatched_pairs
+        from engine.modules.loss.kto_loss import global_mismatched_pairs
 
         tokens, labels, good = batch["tokens"], batch["labels"], batch["desirable"]
         logps = token_logprobs(self.model, tokens, labels, position_ids=batch["position_ids"]).sum(1)  # [N]
         aux = self.router_aux.term(batch["source_ids"] >= 0)  # padding has source id -1
         ref_model, ctx = reference_context(self.model, self.reference)
-        kl_tokens, kl_labels = mismatched_pairs(tokens, labels, self.tokenizer.pad_id)
+        kl_tokens, kl_labels = global_mismatched_pairs([(tokens, labels)], self.tokenizer.pad_id)
         with torch.no_grad():
             kl_policy = token_logprobs(self.model, kl_tokens, kl_labels).sum(1)  # [N]
             with ctx:

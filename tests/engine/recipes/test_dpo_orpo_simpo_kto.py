@@ -67,3 +67,12 @@ def test_kto_mismatched_pairs_swap_responses():
     t, lab = mismatched_pairs(tokens, labels, 0)
     assert t.tolist() == [[1, 5, 6, 9, 10, 2], [1, 8, 7, 2, 0, 0]]
     assert lab.tolist() == [[-100, -100, 9, 10, 2, -100], [-100, 7, 2, -100, -100, -100]]
+
+
+def test_paired_kto_refuses_one_pair_per_micro_batch(tmp_path):
+    # one pair: rows [chosen; rejected], so the "mismatched" row would be the same prompt's other answer
+    from engine.config import ConfigError
+    from engine.recipes.dpo import DPORecipe, check_config
+
+    with pytest.raises(ConfigError, match=r"batch_size: KTO needs >= 2 pairs per micro-batch, got 1"):
+        train_in_process(DPORecipe, check_config, config(tmp_path, "kto", batch_size=1), train=False)
