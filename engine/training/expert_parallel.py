@@ -183,9 +183,10 @@ def expert_mesh(world_size: int, ep: int, device_type: str) -> DeviceMesh:
     return DeviceMesh(device_type, ranks, mesh_dim_names=("ep_replicate", "ep"))
 
 
-def expert_params(model: nn.Module) -> set[nn.Parameter]:
-    """Every parameter held by `GroupedExperts` modules (FSDP2 leaves these alone under EP)."""
-    return {p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
+def expert_params(model: nn.Module) -> list[nn.Parameter]:
+    """Every parameter held by `GroupedExperts` modules, in module order (the same on every rank;
+    FSDP2 leaves these alone under EP)."""
+    return [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
 
 
 def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh, *, dp_size: int) -> None:
@@ -223,7 +224,13 @@ def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh, *, dp_size: int) -
 
 
 def reduce_expert_grads(model: nn.Module) -> None:
-    """Sum expert gradients over the EP groups (a no-op with one group); call before the step."""
+    """Sum expert gradients over the EP groups (a no-op with one group); call before the step.
+
+    One all_reduce per expert parameter, in module order on every rank: the collectives pair up by
+    their order, and a layer's `gate_proj`/`up_proj`/`down_proj` have the same number of elements, so
+    any other order (a set's, which follows memory addresses) would silently sum one rank's
+    `up_proj` gradient into another rank's `gate_proj`.
+    """
     mesh = getattr(model, "expert_mesh", None)
     if mesh is None or mesh["ep_replicate"].size() == 1:
         return

@@ -93,7 +93,7 @@ def parallelize(
         from engine.training.expert_parallel import apply_expert_parallel, expert_params
 
         apply_expert_parallel(model, expert_mesh, dp_size=dims.dp * dims.cp)
-        ignored = expert_params(model)
+        ignored = set(expert_params(model))
 
     # 2. Context parallelism: each rank attends over its sequence slice through the cp ring.
     if dims.cp > 1:
