@@ -38,6 +38,7 @@ from engine.checkpoint.recipe_state import resume_training, save_training_checkp
 from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Schema
 from engine.data.sampler import EpochBatchSampler
+from engine.modules.loss.dpo_loss import DPOLoss
 from engine.modules.loss.kto_loss import KTOLoss
 from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
@@ -92,7 +93,8 @@ CONFIG_SCHEMA = Schema(
         **shared_fields("lr_scheduler", "clip_grad_norm"),
         "loss": shared(
             "loss",
-            "_component_ DPOLoss {beta, label_smoothing, loss_type}, ORPOLoss, SimPOLoss or KTOLoss (engine.modules.loss)",
+            "_component_ DPOLoss {beta, label_smoothing, loss_type, ipo_normalize}, ORPOLoss, SimPOLoss or KTOLoss "
+            "(engine.modules.loss)",
         ),
         "enable_activation_checkpointing": shared(
             "enable_activation_checkpointing",
@@ -219,7 +221,11 @@ class DPORecipe:
         with torch.no_grad(), ctx:
             ref_logps = self._sequence_logps(ref_model, batch)
         if not isinstance(self.loss_fn, KTOLoss):
-            losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:])
+            lengths = {}  # DPOLoss: response lengths for normalised IPO (TRL's form)
+            if isinstance(self.loss_fn, DPOLoss):
+                n = torch.cat([batch["chosen_labels"], batch["rejected_labels"]]).ne(-100).sum(1)
+                lengths = {"chosen_lengths": n[:B], "rejected_lengths": n[B:]}
+            losses, r_c, r_r = self.loss_fn(logps[:B], logps[B:], ref_logps[:B], ref_logps[B:], **lengths)
             return losses, r_c, r_r, {}
         # KTO: 2B unpaired examples; z0 from row i's prompt with row i+1's response over the global
         # micro-batch (every rank's chosen rows, then every rank's rejected rows; no grad, all-reduced)

@@ -22,8 +22,11 @@ def _logsig(x):
     return -math.log1p(math.exp(-x))
 
 
+LC, LR = [4, 1, 7], [2, 5, 3]  # response token counts of the chosen and rejected responses
+
+
 def _run(**kw):
-    t = [torch.tensor(v, dtype=torch.float64) for v in (PC, PR, RC, RR)]
+    t = [torch.tensor(v, dtype=torch.float64) for v in (PC, PR, RC, RR, LC, LR)]
     return DPOLoss(**kw)(*t)
 
 
@@ -43,7 +46,7 @@ def test_sigmoid_matches_hand_computation(ls):
 
 def test_ipo_and_hinge_match_hand_computation():
     beta = 0.25
-    ipo, _, _ = _run(beta=beta, loss_type="ipo")
+    ipo, _, _ = _run(beta=beta, loss_type="ipo", ipo_normalize=False)  # on summed log-probs
     hinge, _, _ = _run(beta=beta, loss_type="hinge")
     want_ipo = [(_h(i) - 1 / (2 * beta)) ** 2 for i in range(3)]
     want_hinge = [max(0.0, 1 - beta * _h(i)) for i in range(3)]
@@ -73,3 +76,15 @@ def test_gradient_pushes_chosen_up_and_rejected_down():
 def test_bad_settings_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=field):
         DPOLoss(**kw)
+
+
+def test_normalised_ipo_divides_each_log_ratio_by_its_length():
+    # TRL's IPO (the default here; TRL itself is the reference in test_ipo_trl.py)
+    beta = 0.25
+    ipo, _, _ = _run(beta=beta, loss_type="ipo")
+    want = [((PC[i] - RC[i]) / LC[i] - (PR[i] - RR[i]) / LR[i] - 1 / (2 * beta)) ** 2 for i in range(3)]
+    torch.testing.assert_close(ipo.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="lengths"):
+        DPOLoss(loss_type="ipo")(*[torch.tensor(v) for v in (PC, PR, RC, RR)])
+    with pytest.raises(ConfigError, match="ipo_normalize"):
+        DPOLoss(loss_type="ipo", ipo_normalize="yes")
