@@ -4,6 +4,12 @@
 `odds(y|x) = P(y|x) / (1 - P(y|x))` and `P(y|x) = exp(mean_t log p(y_t | x, y_<t))` (the paper's
 length-normalised likelihood). `L_SFT` is the chosen response's negative log-likelihood, averaged
 over its tokens. No reference model.
+
+The NLL term differs from TRL's `ORPOTrainer` in how tokens are weighted: here each pair's `L_SFT` is
+the mean over that pair's own response tokens, and the batch loss is the mean over pairs (every pair
+counts the same, short or long); TRL takes one token mean over all chosen tokens of the batch (a long
+response counts more). They agree when every chosen response has the same length. The odds-ratio
+term is per pair in both.
 """
 
 from __future__ import annotations
