@@ -3,8 +3,12 @@ localhost), each started through `tunebench run --nnodes 2 --node-rank R`, again
 
 The reference is the same config run as `--nproc 2` on one node: the two launches hold the same two
 ranks (node R gets rank R), so every per-step loss must agree (fp32; only the transport differs:
-rtol 1e-5). The run appears once in the tracker, with both ranks' memory (node 1's rank sends its
-figures to rank 0 through the process group: its own process has no tracker row).
+rtol 1e-5), and so must the final weights (rtol 1e-5, atol 1e-7). Both also end where one plain
+process on the whole batch ends (losses rtol 1e-5; weights rtol 1e-4, atol 2e-6: the gradient sums run
+in another order; SGD with momentum keeps the update linear in the gradients, where Adam would blow
+last-bit differences of tiny gradients up to a whole step). The run appears once in the tracker,
+with both ranks' memory (node 1's rank sends its figures to rank 0 through the process group: its own
+process has no tracker row).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _write_config(folder: Path, tokenizer: str) -> Path:
         "tokenizer": {"_component_": "engine.data.tokenizers.load_tokenizer", "path": tokenizer},
         "dataset": {"_component_": "engine.data.demo_dataset", "n": 64, "max_seq_len": 128},
         "batch_size": 2, "gradient_accumulation_steps": 1, "epochs": 1, "max_steps_per_epoch": 4,
-        "optimizer": {"_component_": "torch.optim.AdamW", "lr": 3e-3},
+        "optimizer": {"_component_": "torch.optim.SGD", "lr": 0.2, "momentum": 0.9},
         "clip_grad_norm": None,
         "loss": {"_component_": "engine.modules.loss.LinearCrossEntropyLoss"},
         "save_every_n_steps": None,
@@ -140,6 +144,42 @@ def test_two_nodes_on_localhost_equal_one_node_of_two_ranks(sft_config, tmp_path
         torch.tensor([v for _, v in got]), torch.tensor([v for _, v in want]), rtol=1e-5, atol=0
     )
     assert mem_ranks == {0, 1} and dict(steps_per_rank) == {0: 4, 1: 4}
+
+    # Final weights: the two nodes' export equals the one node's, and one process's on the whole batch.
+    got, same_ranks = _final_weights(shared), _final_weights(Path(ref.output_dir))
+    one_cfg = yaml.safe_load(sft_config.read_text())
+    one = _one_process(dict(one_cfg, output_dir=str(tmp_path / "one_process"), batch_size=4))
+    torch.testing.assert_close(
+        torch.tensor(one.loss_history), torch.tensor([v for _, v in want]), rtol=1e-5, atol=0
+    )
+    whole = _final_weights(tmp_path / "one_process")
+    # 2 blocks of 9 tensors, the embedding, the final norm, the untied output
+    assert set(got) == set(same_ranks) == set(whole) and len(got) == 2 * 9 + 3
+    for key, value in same_ranks.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-7, msg=lambda m, k=key: f"{k}: {m}")
+        torch.testing.assert_close(
+            got[key], whole[key], rtol=1e-4, atol=2e-6, msg=lambda m, k=key: f"{k}: {m}"
+        )
+
+
+def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    """The model a run exported at its last step (`checkpoints/step_4/model/model.safetensors`)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(output_dir / "checkpoints" / "step_4" / "model" / "model.safetensors"))
+
+
+def _one_process(cfg: dict):
+    """`cfg` trained in this test's process, one thread (as one rank runs), metrics written nowhere."""
+    from engine.recipes.sft import SFTRecipe, check_config
+    from tests.engine.recipes._recipe_runner import train_in_process
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_in_process(SFTRecipe, check_config, cfg)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow
