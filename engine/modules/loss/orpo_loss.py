@@ -7,9 +7,9 @@ over its tokens. No reference model.
 
 The NLL term differs from TRL's `ORPOTrainer` in how tokens are weighted: here each pair's `L_SFT` is
 the mean over that pair's own response tokens, and the batch loss is the mean over pairs (every pair
-counts the same, short or long); TRL takes one token mean over all chosen tokens of the batch (a long
-response counts more). They agree when every chosen response has the same length. The odds-ratio
-term is per pair in both.
+counts the same, short or long); TRL (1.16, `trl.experimental.orpo`, decoder-only models) takes one
+token mean over every non-padding token of the batch's chosen sequences, prompt tokens included (a
+long sequence counts more, and the prompt is trained on too). The odds-ratio term is per pair in both.
 """
 
 from __future__ import annotations
