@@ -29,6 +29,7 @@ from engine.tracking.readers import active_runs, get_run
 from engine.tracking.records import ACTIVE_STATUSES, RunRecord
 from engine.tracking.run_rows import add_event, new_run_id, truncate_after, update_run
 from engine.tracking.run_rows import create_run as _register
+from workbench import run_manifest
 from workbench.errors import UserError
 
 CONFIG_NAME = "config.yaml"
@@ -79,7 +80,9 @@ def create_run(
     `module` replaces `engine.recipes.<recipe>` as the torchrun entry (tests use their own recipe).
     With `validate`, every config problem is reported at once as one `ConfigError` line.
     A multi-node run (`nnodes` > 1, this host node rank 0, `workbench.multinode_launch`) needs `rdzv_endpoint`
-    and `output_dir`, a fresh folder every node mounts at the same path, which replaces `runs/<id>`.
+    and `output_dir`, a folder every node mounts at the same path, which replaces `runs/<id>`. That
+    folder may hold other files: the run records what it creates there (`workbench.run_manifest`), so
+    deleting it removes only that, and never changes the mode of a folder it did not create.
     """
     from engine.config import dump_config
 
@@ -106,8 +109,18 @@ def create_run(
         cfg, header=f"run {run_id} of recipe {recipe}: written by tunebench; output_dir is this folder"
     )
     made = not out.exists()
-    ensure_private_dir(out)
+    if made:
+        ensure_private_dir(out)  # a folder this run creates: private (0700); the user's keeps its mode
     try:
+        if output_dir is not None:  # a folder that may hold other files: record what the run writes
+            try:
+                run_manifest.begin(out, run_id=run_id, made_folder=made)
+                run_manifest.record(out, CONFIG_NAME)
+            except OSError as exc:
+                raise UserError(
+                    f"--output-dir {out}: cannot write into it ({exc.strerror or exc}); choose a folder "
+                    "you can write"
+                ) from None
         _atomic_write(out / CONFIG_NAME, text)
         with open_db() as db:
             return _register(
@@ -132,6 +145,7 @@ def create_run(
             shutil.rmtree(out, ignore_errors=True)
         else:  # a folder the user named: remove only what was written here
             (out / CONFIG_NAME).unlink(missing_ok=True)
+            (out / run_manifest.MANIFEST_NAME).unlink(missing_ok=True)
         raise
 
 
@@ -234,7 +248,8 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
             run.id, db=db, status="queued", stop_requested=False, exit_code=None, error=None, ended_at=None,
             pid=None, pgid=None, supervisor_pid=None, supervisor_started=None, queue_pos=None,
         )  # fmt: skip
-    out = ensure_private_dir(Path(run.output_dir))
+    out = run_folder(run)
+    run_manifest.record(out, "supervisor.log")
     env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()))
     with open(out / "supervisor.log", "ab") as err:
         proc = subprocess.run(
@@ -255,6 +270,30 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
     with open_db() as db:
         update_run(run.id, db=db, supervisor_pid=pid, supervisor_started=_create_time(pid))
         return get_run(run.id, db=db)
+
+
+def owns_folder(run: RunRecord) -> bool:
+    """True when the run's folder is its own: `runs/<id>/` under `TUNEBENCH_HOME`, or a `--output-dir`
+    that the run created (its manifest says so). Only such a folder may have its mode changed or be
+    removed whole."""
+    out = Path(run.output_dir)
+    if out.resolve() == run_dir(run.id).resolve():
+        return True
+    return run_manifest.may_set_mode(out, run_id=run.id)
+
+
+def run_folder(run: RunRecord) -> Path:
+    """The run's folder, ready for a launch: its own folder is (re)created private (0700); a folder
+    the user gave is used as it is (never re-created, its mode never changed). `UserError` when that
+    one is gone."""
+    out = Path(run.output_dir)
+    if owns_folder(run):
+        return ensure_private_dir(out)
+    if not out.is_dir():
+        raise UserError(
+            f"run {run.name}: its folder {out} is gone; start it over with `tunebench clone {run.name}`"
+        )
+    return out
 
 
 def wait(run_id: str, *, timeout: float | None = None, poll_s: float = 0.2) -> RunRecord:
@@ -359,6 +398,27 @@ def signal_ranks(run: RunRecord, sig: int) -> list:
     if not ranks and run.pgid is not None:
         _killpg(run.pgid, sig)
     return ranks + [p for p in run_workers(run.id) if p not in ranks]
+
+
+def delete(run_id: str, *, remove_files: bool = True) -> str | None:
+    """Delete the run's tracker rows and, with `remove_files`, what the run wrote: its own `runs/<id>/`
+    whole; in a folder the user gave (`--output-dir`), only the entries the run created there
+    (`workbench.run_manifest`), and the folder itself only when the run made it and nothing else is in
+    it. Returns None, or one line saying what was left and why. `UserError` for a queued/running run."""
+    from engine.tracking.run_rows import delete_run
+
+    with open_db() as db:
+        run = get_run(run_id, db=db)
+        if run.status in ACTIVE_STATUSES:
+            raise UserError(f"run {run.name} is {run.status}: stop it before deleting it")
+        delete_run(run.id, db=db)
+    if not remove_files:
+        return None
+    out = Path(run.output_dir)
+    if out.resolve() == run_dir(run.id).resolve():
+        shutil.rmtree(out, ignore_errors=True)
+        return None
+    return run_manifest.remove_created(out, run_id=run.id)
 
 
 # -- resume, clone, export -----------------------------------------------------------------------------

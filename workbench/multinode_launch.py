@@ -12,7 +12,8 @@ The same command runs on every node, with its own `--node-rank`:
   and the command exits with its ranks' code.
 
 `--output-dir DIR` is required: every rank writes its checkpoint shard there, so it must be a folder
-every node mounts at the same path; the recipe refuses one that rank 0 does not see every node write
+every node mounts at the same path (it may hold other files: the run records what it creates there,
+`workbench.run_manifest`, and deleting the run removes only that); the recipe refuses one that rank 0 does not see every node write
 to (`engine.training.multinode.check_shared_output_dir`). Node rank 0 writes the run's `config.yaml`,
 logs and checkpoints there (instead of `runs/<id>/`); the tracker database stays on node 0's local
 disk (SQLite is never put on a network filesystem).
@@ -71,16 +72,27 @@ def check_launch(
 
 
 def shared_run_dir(output_dir: str | os.PathLike) -> Path:
-    """The absolute run folder for `--output-dir`; refused when it already holds a run."""
+    """The absolute run folder for `--output-dir`. It may hold other files (they are left alone, and
+    so is the folder's mode: `workbench.run_manifest`), but none of the names a run writes there
+    (`run_manifest.RUN_NAMES`): one that already holds a run is refused, and so is one holding, say,
+    the user's own `eval/`, which the run would write into. `UserError` naming the entry otherwise."""
+    from workbench.run_manifest import RUN_NAMES
+
     out = Path(output_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out}: it is a file; give a folder")
-    for held in ("config.yaml", "checkpoints"):
-        if (out / held).exists():
+    for held in RUN_NAMES:
+        if not (out / held).exists() and not (out / held).is_symlink():
+            continue
+        if held in ("config.yaml", "checkpoints"):
             raise UserError(
                 f"--output-dir {out} already holds a run ({held}): choose a new folder, or resume that "
                 "run with `tunebench resume`"
             )
+        raise UserError(
+            f"--output-dir {out} already holds {held}, a name the run writes there: choose a new folder, "
+            f"or move {held} out of it"
+        )
     return out
 
 

@@ -7,7 +7,6 @@ screens never hold a database handle.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -141,18 +140,13 @@ def export_run(run_id: str, path: str) -> Path:
     return out
 
 
-def delete_run(run_id: str, *, remove_files: bool) -> None:
-    """Delete the run's tracker rows, and its folder when `remove_files`. Refuses a live run."""
-    from engine.tracking.paths import run_dir
-    from engine.tracking.run_rows import delete_run as _delete
+def delete_run(run_id: str, *, remove_files: bool) -> str | None:
+    """Delete the run's tracker rows and, when `remove_files`, what the run wrote (`launcher.delete`:
+    never a folder or file it did not create). Returns None, or a line saying what was left.
+    Refuses a live run (`UserError`)."""
+    from workbench import launcher
 
-    run = get_run(run_id)
-    if run["status"] in ("running", "queued"):
-        raise UserError(f"run {run['name']} is {run['status']}: stop it before deleting it")
-    with _db() as db:
-        _delete(run_id, db=db)
-    if remove_files:
-        shutil.rmtree(run.get("output_dir") or run_dir(run_id), ignore_errors=True)
+    return launcher.delete(run_id, remove_files=remove_files)
 
 
 def set_tags(run_id: str, tags: str) -> None:

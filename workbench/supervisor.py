@@ -7,7 +7,9 @@ a session of its own (closing the UI or the SSH session does not stop it). It th
 1. starts `torchrun --standalone --nproc_per_node N -m <module> --config runs/<id>/config.yaml [ARGS]`
    in a new process group, stdout+stderr appended to `runs/<id>/stdout.log`;
 2. records pid, pgid, `running` and the start time;
-3. waits; a SIGTERM to the supervisor itself counts as a stop request and is passed to the group;
+3. waits; a SIGTERM to the supervisor itself counts as a stop request and is passed to the ranks
+   (the handler only sets a flag; the wait loop passes it on); in a shared `--output-dir` it records
+   the new top-level entries as the run's every few seconds and at the end (`workbench.run_manifest`);
 4. records the end: `exit_code` (the failing worker's code, read from torchrun's failure report),
    `ended_at`, status `stopped` (a stop was requested), `completed` (0) or `failed` with the tail of
    the log as `error`; finally kills stragglers left in the group.
@@ -28,6 +30,7 @@ from engine.tracking.db import open_db
 from engine.tracking.paths import tunebench_home
 from engine.tracking.readers import get_run
 from engine.tracking.run_rows import add_event, update_run
+from workbench import run_manifest
 
 LOG_NAME = "stdout.log"
 EXIT_DIR_NAME = ".exit_codes"
@@ -35,6 +38,8 @@ _EXITCODE_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ELASTIC_LOG_RE = re.compile(r"^[EWI]\d{4} \d")  # torch.distributed.elastic's own log lines
 _NOISE_RE = re.compile(r"^(step \d+(/\d+)? \||== tunebench: )")  # MetricLogger's step lines, our header
 TAIL_LINES = 20
+WAIT_TICK_S = 0.5  # how soon a stop seen by the SIGTERM handler reaches the ranks
+RECORD_EVERY_S = 5.0  # how often a shared run folder's new entries are recorded (run_manifest)
 _TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -161,6 +166,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
         )  # fmt: skip
         env = dict(os.environ)
         exit_dir = out / EXIT_DIR_NAME  # each rank records its own code there (torchrun exits 1)
+        run_manifest.record(out, LOG_NAME, EXIT_DIR_NAME)  # a shared folder: these are the run's
         shutil.rmtree(exit_dir, ignore_errors=True)  # a resume relaunches into the same folder
         env.update(
             TUNEBENCH_HOME=str(tunebench_home()),
@@ -173,11 +179,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
 
         def on_term(signum: int, frame: object) -> None:  # `kill <supervisor>` = a stop request
             nonlocal stop_seen
-            stop_seen = True
-            if child is not None:
-                from workbench.launcher import signal_ranks
-
-                signal_ranks(get_run(run.id, db=db), signal.SIGTERM)
+            stop_seen = True  # only a flag: the wait loop below passes it on to the ranks
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -211,12 +213,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
             add_event(run.id, run.step, "start", f"{run.nproc} process(es){where}, pid {child.pid}", db=db)
             if get_run(run.id, db=db).stop_requested:  # a stop that came before the pid was known
                 _signal_group(child.pid, signal.SIGTERM)  # (no rank yet: torchrun passes it on)
-            while True:
-                try:
-                    rc = child.wait()
-                    break
-                except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                    continue
+            rc = _wait_recording(child, out, run.id, lambda: stop_seen, db=db)
             _signal_group(child.pid, signal.SIGKILL)
             from workbench.launcher import _kill, run_workers
 
@@ -234,6 +231,40 @@ def supervise(run_id: str, extra: list[str]) -> int:
         update_run(run.id, db=db, status=status, exit_code=code, ended_at=time.time(), error=error)
         add_event(run.id, final.step, "end", f"{status} (exit code {code})", db=db)
     return 0
+
+
+def _wait_recording(
+    child: subprocess.Popen, out: Path, run_id: str, stop_seen, *, db, every_s: float = RECORD_EVERY_S
+) -> int:
+    """Wait for torchrun to end; returns its code. Meanwhile, a stop seen by the SIGTERM handler
+    (`stop_seen()` turns true) is passed to the ranks once, and every `every_s` seconds, and at the
+    end, the new top-level entries of a shared run folder are recorded as the run's
+    (`workbench.run_manifest.record_new`; nothing happens for a run's own `runs/<id>/`)."""
+    from workbench.launcher import signal_ranks
+
+    passed = False
+    next_record = 0.0
+    while True:
+        if stop_seen() and not passed:
+            passed = True
+            signal_ranks(get_run(run_id, db=db), signal.SIGTERM)
+        if time.monotonic() >= next_record:
+            _record_new(out)
+            next_record = time.monotonic() + every_s
+        try:
+            rc = child.wait(timeout=WAIT_TICK_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _record_new(out)
+    return rc
+
+
+def _record_new(out: Path) -> None:
+    try:
+        run_manifest.record_new(out)
+    except OSError:  # a full or unreachable shared disk: the run goes on; a delete then leaves more
+        pass
 
 
 def detach() -> None:

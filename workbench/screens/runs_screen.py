@@ -273,7 +273,9 @@ class RunsScreen(Screen):
                     self._run_action("delete", rid)
 
             self.app.push_screen(
-                TypedConfirmScreen(f"Delete run {name}, its metrics and its folder (checkpoints)?", name),
+                TypedConfirmScreen(
+                    f"Delete run {name}, its metrics and the files it wrote (checkpoints, logs)?", name
+                ),
                 answered,
             )
 
@@ -352,8 +354,8 @@ class RunsScreen(Screen):
             elif action == "export":
                 text = f"exported to {services.export_run(run_id, arg)}"
             elif action == "delete":
-                services.delete_run(run_id, remove_files=True)
-                text = "deleted"
+                left = services.delete_run(run_id, remove_files=True)
+                text = "deleted" if left is None else f"deleted; {left}"
             elif action == "tag":
                 services.set_tags(run_id, arg)
                 text = "tags saved"
