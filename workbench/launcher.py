@@ -95,6 +95,11 @@ def create_run(
     if slurm:  # the job's first node is the rendezvous (workbench.slurm); its folder must be shared
         if output_dir is None:
             raise UserError("--slurm: give --output-dir DIR, a folder every node of the cluster mounts")
+        from workbench.slurm import check_script_path, check_script_value
+
+        check_script_path("--output-dir", str(Path(output_dir).expanduser().resolve()))
+        if module is not None:
+            check_script_value("--module", module)
     else:
         check_launch(nnodes=nnodes, node_rank=0, rdzv_endpoint=rdzv_endpoint, output_dir=output_dir)
     run_id = new_run_id()

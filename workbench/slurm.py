@@ -12,11 +12,18 @@ share a first node do not collide). The ranks run without `TUNEBENCH_RUN_ID` (th
 file stays on the submitting host, never on a network filesystem): the row's state follows the job
 through `squeue` / `sacct` (`reconcile`), and per-step figures are rank 0's step lines in
 `SHARED/slurm-<job>.log`. Checkpoints go to SHARED, which every node must see (the recipe checks).
+SHARED may hold other files: what the run creates there is recorded (`workbench.run_manifest`: the
+job script records it at the job's start and exit, `reconcile` when it sees the job end).
+
+Every user value is quoted for what reads it: `#SBATCH` lines are parsed by sbatch itself
+(`sbatch_quote`), the others by bash (`shlex.quote`); a value with a newline or another control
+character is refused in one line naming its option (`check_script_value`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -66,11 +73,82 @@ class SlurmResources:
             raise UserError(f"--nnodes {self.nnodes}: use 1 or more nodes")
         if self.gpus_per_node < 1:
             raise UserError(f"--nproc {self.gpus_per_node}: use 1 or more GPUs per node")
+        for option, value in (
+            ("--partition", self.partition),
+            ("--time", self.time),
+            ("--account", self.account),
+        ):
+            if value is not None:
+                check_directive_value(option, value)
         if self.time is not None and not _valid_time(self.time):
             raise UserError(f"--time {self.time!r}: use SLURM's format, one of {', '.join(_TIME_FORMATS)}")
         for arg in self.sbatch_args:
-            if not arg.startswith("--") or "\n" in arg:
+            check_directive_value("--sbatch-arg", arg)
+            if not _SBATCH_ARG.fullmatch(arg):
                 raise UserError(f"--sbatch-arg {arg!r}: give one long sbatch option such as --qos=high")
+
+
+# -- what the job script can hold ---------------------------------------------------------------------
+# sbatch reads `#SBATCH` lines itself (Slurm's src/sbatch/opt.c, `_get_argument`), not through bash: an
+# argument ends at unquoted white space; '...' and "..." group (older releases: only "..."); a backslash
+# makes the next character literal, inside quotes too; an unquoted `#` starts a comment (older releases:
+# any `#`); a newline ends the line and the first line that is not a comment ends the `#SBATCH` block.
+# So a value is written bare when it is plain, else in double quotes with \ " ' # escaped, which every
+# release reads back exactly; what no line can hold (control characters) is refused.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_SBATCH_ARG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9-]*(=.*)?", re.DOTALL)
+
+
+def check_script_value(option: str, value: str) -> None:
+    """Refuse (`UserError` naming `option`) a value with a newline or another control character: in
+    the job script it would end its line (and, in an `#SBATCH` line, end sbatch's reading of them)."""
+    bad = _CONTROL.search(value)
+    if bad:
+        raise UserError(
+            f"{option} {value!r}: remove the control character {bad.group()!r} (a newline would end its "
+            "line of the SLURM job script)"
+        )
+
+
+def check_directive_value(option: str, value: str) -> None:
+    """`check_script_value`, and refuse what sbatch reads specially anywhere in an `#SBATCH` line:
+    the words `hetjob` / `packjob` (job separators)."""
+    check_script_value(option, value)
+    word = re.search(r"hetjob|packjob", value, re.IGNORECASE)
+    if word:
+        raise UserError(
+            f"{option} {value!r}: sbatch reads {word.group()!r} in an #SBATCH line as a job separator; "
+            "give a value without it"
+        )
+
+
+def check_script_path(option: str, path: str) -> None:
+    """`check_directive_value` for the shared folder (it is in `#SBATCH --output=`), and refuse a
+    backslash there: in an output file name it turns off SLURM's `%j` replacement."""
+    check_directive_value(option, path)
+    if "\\" in path:
+        raise UserError(
+            f"{option} {path!r}: SLURM reads a backslash in --output specially; choose a path without one"
+        )
+
+
+def sbatch_quote(value: str) -> str:
+    """`value` as one `#SBATCH` argument (or the value part of one) that sbatch reads back exactly:
+    bare when plain, else double-quoted with backslash, quotes and `#` escaped. The caller refused
+    control characters (`check_directive_value`)."""
+    if _PLAIN.fullmatch(value):
+        return value
+    return '"' + re.sub(r"""([\\"'#])""", r"\\\1", value) + '"'
+
+
+def _directive(option: str, value: str) -> str:
+    return f"#SBATCH {option}={sbatch_quote(value)}"
+
+
+def _extra_directive(arg: str) -> str:
+    name, eq, value = arg.partition("=")
+    return f"#SBATCH {name}={sbatch_quote(value)}" if eq else f"#SBATCH {name}"
 
 
 def _valid_time(text: str) -> bool:
@@ -82,27 +160,35 @@ def _valid_time(text: str) -> bool:
 
 
 def sbatch_script(run: RunRecord, res: SlurmResources, *, python: str, pythonpath: str | None = None) -> str:
-    """The job script for `run` (its `output_dir` holds `config.yaml`; the script lives there too)."""
+    """The job script for `run` (its `output_dir` holds `config.yaml`; the script lives there too).
+
+    Every user value is quoted for what reads it: `sbatch_quote` in `#SBATCH` lines (sbatch parses
+    those), `shlex.quote` in shell lines. `UserError` for a value no line can hold (a control
+    character; `check_script_path` for the folder), which `create_run` / `SlurmResources` refuse first.
+    """
     out = run.output_dir
+    check_script_path("--output-dir", out)
+    for option, value in (("--module", run.module), ("python", python), ("PYTHONPATH", pythonpath or "")):
+        check_script_value(option, value)
     q = shlex.quote
     lines = [
         "#!/bin/bash",
         f"# tunebench run {run.recipe}: SLURM job for run {run.name} ({run.id}), written by tunebench.",
         f"# Submit: sbatch {q(out + '/' + SCRIPT_NAME)}   (tunebench run --slurm does, when sbatch is present)",
-        f"#SBATCH --job-name=tunebench-{run.name}",
-        f"#SBATCH --nodes={res.nnodes}",
+        _directive("--job-name", f"tunebench-{run.name}"),
+        _directive("--nodes", str(res.nnodes)),
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={res.gpus_per_node}",
+        _directive("--gpus-per-node", str(res.gpus_per_node)),
     ]
     if res.partition:
-        lines.append(f"#SBATCH --partition={res.partition}")
+        lines.append(_directive("--partition", res.partition))
     if res.time:
-        lines.append(f"#SBATCH --time={res.time}")
+        lines.append(_directive("--time", res.time))
     if res.account:
-        lines.append(f"#SBATCH --account={res.account}")
-    lines += [f"#SBATCH {arg}" for arg in res.sbatch_args]
+        lines.append(_directive("--account", res.account))
+    lines += [_extra_directive(arg) for arg in res.sbatch_args]
     lines += [
-        f"#SBATCH --output={out}/slurm-%j.log",
+        _directive("--output", out.replace("%", "%%") + "/slurm-%j.log"),  # %% is a literal % there
         "set -euo pipefail",
         "export PYTHONUNBUFFERED=1",
     ]
@@ -118,7 +204,13 @@ def sbatch_script(run: RunRecord, res: SlurmResources, *, python: str, pythonpat
         'if [[ "${1:-}" == "--node" ]]; then  # one task per node (srun below): this node\'s torchrun',
         f"  exec {torchrun}",
         "fi",
-        'TUNEBENCH_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# what the run creates in the shared folder is recorded as its own (workbench.run_manifest)",
+        f"tunebench_record() {{ {q(python)} -m workbench.run_manifest record-new {q(out)} || true; }}",
+        "trap tunebench_record EXIT",
+        "tunebench_record",
+        # the first node of the allocation (no `| head -n 1`: under pipefail its SIGPIPE can end the job)
+        'TUNEBENCH_NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "TUNEBENCH_RDZV_HOST=${TUNEBENCH_NODES%%$'\\n'*}",
         f"TUNEBENCH_RDZV_PORT=$(({BASE_PORT} + SLURM_JOB_ID % 1000))",
         "export TUNEBENCH_RDZV_HOST TUNEBENCH_RDZV_PORT",
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash {q(out + '/' + SCRIPT_NAME)} --node",
@@ -141,10 +233,17 @@ def submit(run: RunRecord, res: SlurmResources, *, stream=None) -> RunRecord | N
     from engine.tracking.db import open_db
     from engine.tracking.readers import get_run
     from engine.tracking.run_rows import add_event, delete_run, update_run
+    from workbench import run_manifest
 
     stream = stream or sys.stdout
-    text = sbatch_script(run, res, python=sys.executable, pythonpath=_source_root())
+    try:
+        text = sbatch_script(run, res, python=sys.executable, pythonpath=_source_root())
+    except UserError:
+        with open_db() as db:
+            delete_run(run.id, db=db)
+        raise
     path = Path(run.output_dir) / SCRIPT_NAME
+    run_manifest.record(path.parent, SCRIPT_NAME)
     tmp = path.with_name(f".{SCRIPT_NAME}.tmp")
     tmp.write_text(text)
     os.chmod(tmp, 0o755)
@@ -241,6 +340,13 @@ def reconcile(run: RunRecord) -> str | None:
             fields["error"] = (
                 f"SLURM job {run.slurm_job_id} {_WHY.get(state, 'failed')} ({state}); see {run.output_dir}/slurm-{run.slurm_job_id}.log"
             )
+    if status not in ACTIVE_STATUSES:  # what the job left in the shared folder is the run's
+        from workbench import run_manifest
+
+        try:
+            run_manifest.record_new(run.output_dir)
+        except OSError:  # the folder is not reachable from here: a delete then leaves those entries
+            pass
     with open_db() as db:
         update_run(run.id, db=db, **fields)
         add_event(
