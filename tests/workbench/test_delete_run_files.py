@@ -160,3 +160,45 @@ def test_deleting_a_live_run_is_refused(tunebench_home, tmp_path):
     with pytest.raises(UserError, match="is queued: stop it before deleting it"):
         services.delete_run(rec.id, remove_files=True)
     assert Path(rec.output_dir).is_dir()
+
+
+async def test_D_on_the_runs_screen_leaves_the_users_folder(tunebench_home, tmp_path):
+    from tests.workbench.pilot_wait import wait_for
+    from workbench.app import make_app
+    from workbench.screens.confirm import TypedConfirmScreen
+    from workbench.widgets.runs_table import RunsTable
+
+    folder = _users_folder(tmp_path)
+    rec = _registered(output_dir=folder, name="shared-one")
+    (folder / "checkpoints" / "step_1").mkdir(parents=True)
+    run_manifest.record_new(folder)
+    app = make_app()
+    async with app.run_test(size=(110, 36)) as pilot:
+        table = await wait_for(
+            pilot, lambda: rec.id in app.query_one(RunsTable).rows_by_id and app.query_one(RunsTable)
+        )
+        await pilot.press("D")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, TypedConfirmScreen) and app.screen)
+        dialog.query_one("#typed").value = "shared-one"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: rec.id not in table.rows_by_id, what="shared-one deleted")
+    assert sorted(p.name for p in folder.iterdir()) == ["data", "notes.txt"] and _mode(folder) == 0o755
+
+
+def test_the_manifest_command_of_the_job_script_records_and_never_fails(tunebench_home, tmp_path):
+    import subprocess
+    import sys
+
+    folder = _users_folder(tmp_path)
+    rec = _registered(output_dir=folder)
+    (folder / "slurm-7.log").write_text("step 1\n")
+    cmd = [sys.executable, "-m", "workbench.run_manifest", "record-new"]
+    root = Path(__file__).resolve().parents[2]
+    assert subprocess.run([*cmd, str(folder)], cwd=root, timeout=60).returncode == 0
+    assert "slurm-7.log" in run_manifest.read(folder).created
+    gone = subprocess.run([*cmd, str(tmp_path / "nowhere")], cwd=root, capture_output=True, timeout=60)
+    assert gone.returncode == 0  # nothing to record: the job goes on
+    assert launcher.delete(rec.id) is None and sorted(p.name for p in folder.iterdir()) == [
+        "data",
+        "notes.txt",
+    ]

@@ -234,3 +234,15 @@ def test_reconcile_ignores_reused_pids_and_other_hosts(tunebench_home):
     finally:
         other.kill()
         other.wait()
+
+
+def test_sigterm_to_the_supervisor_is_a_stop(lsq):
+    """`kill <supervisor>`: its handler only sets a flag; the wait loop passes the stop to the ranks,
+    which checkpoint and exit 0, and the run is recorded `stopped`."""
+    run = _start(lsq(steps=400, checkpoint_every=1000, step_delay_s=0.05), name="term-supervisor")
+    running = _wait_step(run.id, 3)
+    os.kill(running.supervisor_pid, signal.SIGTERM)
+    done = launcher.wait(run.id, timeout=120)
+    assert (done.status, done.exit_code) == ("stopped", 0)
+    n = launcher.latest_checkpoint_step(done.output_dir)
+    assert n is not None and 3 <= n < 400

@@ -121,11 +121,20 @@ def test_submitted_job_is_recorded_and_its_state_followed(config, tmp_path, monk
             return readers.get_run(run.id, db=db)
 
     assert status_after("RUNNING\n").status == "running"
+    shared = tmp_path / "shared"
+    (shared / "slurm-4242.log").write_text("step 1\n")  # what the job writes, seen when its end is
+    (shared / "checkpoints" / "step_1").mkdir(parents=True)
     done = status_after("", "TIMEOUT|0:15\n")  # left the queue: sacct has the end
     assert (done.status, done.exit_code) == ("failed", 0)
     assert done.error.startswith("SLURM job 4242 reached its --time limit (TIMEOUT)")
     with open_db() as db:
         assert [e.text for e in readers.events_since(run.id, db=db)][-1] == "SLURM job 4242: TIMEOUT"
+    from workbench import launcher, run_manifest
+
+    assert {"sbatch.sh", "config.yaml", "slurm-4242.log", "checkpoints"} <= set(
+        run_manifest.read(shared).created
+    )
+    assert launcher.delete(run.id) is None and not shared.exists()  # the run made the folder: all of it went
 
 
 @pytest.mark.parametrize(
