@@ -12,9 +12,13 @@ Gradient clipping is OFF (`clip_grad_norm: null`, the norm is still measured and
 SGD with momentum keeps the update linear in the gradients. The config is self-contained (the
 embedded SmolLM2 tokenizer, 24 rows written here, a 2-layer 64-dim model), so no shared assets.
 
-Tolerances (fp32; only the order of the sums differs: ranks, ring attention's online softmax,
-all_to_all regrouping): losses and gradient norms rtol 1e-5; weights rtol 1e-4, atol 2e-6 (tiny
-weights move by lr x grad ~ 1e-3, so last-bit differences of the sums show at 1e-6 absolute).
+Tolerances (fp32; only the order of the sums differs: each rank's rows in their own matmuls, ring
+attention's online softmax, all_to_all regrouping): losses rtol 1e-5 (measured <= 1.4e-7); gradient
+norms rtol 5e-5 (measured <= 7.9e-6; the gradients themselves agree far closer: the norm of the
+one process is the less exact one, torch's fp32 `vector_norm` on CPU sums a whole [49152, 64]
+output gradient in one pass, 3.5e-5 relative error on 3M uniform values, where FSDP2 sums
+half-shards; expert gradients summed into the wrong parameter moved it by 2e-4 at step 1);
+weights rtol 1e-4, atol 2e-6 (measured <= 1.2e-7 absolute).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from tests.engine.recipes._sft_helpers import (
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 STEPS = 3
-LOSS_TOL = {"rtol": 1e-5, "atol": 0.0}
+TOL = {"loss": {"rtol": 1e-5, "atol": 0.0}, "grad_norm": {"rtol": 5e-5, "atol": 0.0}}
 WEIGHT_TOL = {"rtol": 1e-4, "atol": 2e-6}
 WORDS = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
@@ -146,7 +150,7 @@ def _final_weights(cfg: dict) -> dict[str, torch.Tensor]:
 def _assert_same(got: dict, want: dict, got_cfg: dict, want_cfg: dict) -> None:
     for name in ("loss", "grad_norm"):
         torch.testing.assert_close(
-            torch.tensor(got[name]), torch.tensor(want[name]), **LOSS_TOL, msg=lambda m, n=name: f"{n}: {m}"
+            torch.tensor(got[name]), torch.tensor(want[name]), **TOL[name], msg=lambda m, n=name: f"{n}: {m}"
         )
     got_w, want_w = _final_weights(got_cfg), _final_weights(want_cfg)
     assert set(got_w) == set(want_w)
