@@ -17,6 +17,7 @@ a session of its own (closing the UI or the SSH session does not stop it). It th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -166,7 +167,8 @@ def supervise(run_id: str, extra: list[str]) -> int:
         )  # fmt: skip
         env = dict(os.environ)
         exit_dir = out / EXIT_DIR_NAME  # each rank records its own code there (torchrun exits 1)
-        run_manifest.record(out, LOG_NAME, EXIT_DIR_NAME)  # a shared folder: these are the run's
+        with contextlib.suppress(OSError):  # a shared folder: these are the run's (unrecorded: left)
+            run_manifest.record(out, LOG_NAME, EXIT_DIR_NAME)
         shutil.rmtree(exit_dir, ignore_errors=True)  # a resume relaunches into the same folder
         env.update(
             TUNEBENCH_HOME=str(tunebench_home()),
@@ -261,10 +263,9 @@ def _wait_recording(
 
 
 def _record_new(out: Path) -> None:
-    try:
+    # a full or unreachable shared disk: the run goes on (a delete then leaves what was not recorded)
+    with contextlib.suppress(OSError):
         run_manifest.record_new(out)
-    except OSError:  # a full or unreachable shared disk: the run goes on; a delete then leaves more
-        pass
 
 
 def detach() -> None:
