@@ -8,7 +8,8 @@ already hold other files. Its manifest, `OUTPUT/.tunebench-created.json` (JSON),
 - `run_id`: the run it belongs to (a manifest of another run is not obeyed);
 - `made_folder`: whether the run created OUTPUT itself (only then may its mode be set to 0700, and
   only then is OUTPUT removed, once empty, when the run is deleted);
-- `preexisting`: the top-level names OUTPUT held when the run was registered (never the run's);
+- `preexisting`: the top-level names OUTPUT held when the run was registered, and those that
+  appeared before a launch of it started (`settle`): never the run's;
 - `created`: the top-level names the run created, recorded as they appear. The launcher names what
   it writes (`config.yaml`, `supervisor.log`, `sbatch.sh`); `record_new` adds every other new name:
   the supervisor calls it every few seconds while the run lives and at its end, the SLURM job script
@@ -18,7 +19,7 @@ already hold other files. Its manifest, `OUTPUT/.tunebench-created.json` (JSON),
 The run never writes inside an entry that was there before: `multinode_launch.shared_run_dir`
 refuses a folder that already holds one of the names a run writes (`RUN_NAMES`). A name that someone
 else adds to OUTPUT while the run is live is counted as the run's (the one thing this cannot tell
-apart); one added after the run ended is left alone.
+apart); one added before a launch or after the run ended is left alone.
 
 `python -m workbench.run_manifest record-new DIR` is `record_new(DIR)` for the SLURM job script; it
 always exits 0 (recording must never fail the job).
@@ -139,6 +140,27 @@ def record_new(folder: str | os.PathLike) -> list[str]:
         _write(folder, Manifest(manifest.run_id, manifest.made_folder, manifest.preexisting,
                                 manifest.created + tuple(new)))  # fmt: skip
     return new
+
+
+def settle(folder: str | os.PathLike) -> list[str]:
+    """Count every name in `folder` that is not recorded as the run's as someone else's (add it to
+    `preexisting`); returns those names. The supervisor calls it just before it starts the run's
+    processes, so what appeared while a run waited (in the run queue, or between a stop and its resume)
+    is never taken for the run's; an entry of an earlier launch that was not recorded (its supervisor
+    was killed) is then left by a delete, the safe side. Nothing happens without a manifest."""
+    folder = Path(folder)
+    manifest = read(folder)
+    if manifest is None:
+        return []
+    try:
+        present = _listing(folder)
+    except OSError:
+        return []
+    other = sorted(present - set(manifest.preexisting) - set(manifest.created))
+    if other:
+        _write(folder, Manifest(manifest.run_id, manifest.made_folder, manifest.preexisting + tuple(other),
+                                manifest.created))  # fmt: skip
+    return other
 
 
 def may_set_mode(folder: str | os.PathLike, *, run_id: str) -> bool:

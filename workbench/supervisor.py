@@ -169,6 +169,7 @@ def supervise(run_id: str, extra: list[str]) -> int:
         exit_dir = out / EXIT_DIR_NAME  # each rank records its own code there (torchrun exits 1)
         with contextlib.suppress(OSError):  # a shared folder: these are the run's (unrecorded: left)
             run_manifest.record(out, LOG_NAME, EXIT_DIR_NAME)
+            run_manifest.settle(out)  # what else is there now is not the run's (it waited, or resumes)
         shutil.rmtree(exit_dir, ignore_errors=True)  # a resume relaunches into the same folder
         env.update(
             TUNEBENCH_HOME=str(tunebench_home()),

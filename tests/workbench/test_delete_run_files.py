@@ -13,7 +13,6 @@ import pytest
 
 from engine.tracking import open_db, readers
 from workbench import launcher, run_manifest, services
-from workbench.cli import main
 from workbench.errors import UserError
 
 RECIPES = Path(__file__).resolve().parent / "recipes_for_tests"
@@ -56,14 +55,14 @@ def _mode(path: Path) -> int:
 
 def test_delete_after_a_run_in_the_users_folder_leaves_the_folder_its_files_and_mode(lsq_config, tmp_path):
     folder = _users_folder(tmp_path)
-    args = ["run", "lsq", "--config", str(lsq_config), "--module", "lsq_recipe", "--output-dir", str(folder)]
-    assert main([*args, "--name", "in-my-folder"]) == 0  # follows the run to its end
-    with open_db() as db:
-        (run,) = readers.list_runs(db=db)
+    rec = launcher.create_run("lsq", config_path=lsq_config, module="lsq_recipe", output_dir=folder)
+    (folder / "while-queued.txt").write_text("added before the run started\n")
+    run = launcher.wait(launcher.launch(rec.id).id, timeout=240)
     assert (run.status, Path(run.output_dir)) == ("completed", folder.resolve())
     assert _mode(folder) == 0o755, "the run changed the mode of a folder it did not create"
     made = run_manifest.read(folder)
-    assert made is not None and not made.made_folder and made.preexisting == ("data", "notes.txt")
+    assert made is not None and not made.made_folder
+    assert made.preexisting == ("data", "notes.txt", "while-queued.txt")
     assert {"config.yaml", "supervisor.log", "stdout.log", "checkpoints", run_manifest.MANIFEST_NAME} <= set(
         made.created
     )
@@ -71,7 +70,7 @@ def test_delete_after_a_run_in_the_users_folder_leaves_the_folder_its_files_and_
     (folder / "later.txt").write_text("added after the run ended\n")
 
     assert services.delete_run(run.id, remove_files=True) is None
-    assert sorted(p.name for p in folder.iterdir()) == ["data", "later.txt", "notes.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["data", "later.txt", "notes.txt", "while-queued.txt"]
     assert (folder / "notes.txt").read_text() == "mine\n" and (folder / "data" / "rows.jsonl").is_file()
     assert _mode(folder) == 0o755
     with open_db() as db:
