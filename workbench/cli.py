@@ -5,7 +5,9 @@
 takes the parsed arguments and returns an exit code. Command modules import heavy libraries
 (torch, textual, datasets) inside their functions so that `tunebench --help` and the workbench start fast.
 
-Errors that the user can fix (`UserError`, `engine.config.ConfigError`) print one line and exit 2.
+Errors that the user can fix (`UserError`, `engine.config.ConfigError`) print one line and exit 2;
+among them `engine.tracking.TrackerReadOnly`, which every write of the tracker raises (from
+`engine.tracking.db.write_tx`) when the database or its folder is read-only.
 """
 
 from __future__ import annotations
@@ -81,11 +83,16 @@ def _reconcile_lost_runs() -> None:
     from engine.tracking.paths import db_path
 
     if db_path().exists():
+        from engine.tracking.tracker_errors import TrackerReadOnly
         from workbench.launcher import reconcile_lost
         from workbench.slurm import reconcile_all
 
-        reconcile_lost()
-        for line in reconcile_all():  # SLURM runs: their state from squeue/sacct (a line when unreadable)
+        try:
+            reconcile_lost()
+            lines = reconcile_all()  # SLURM runs: their state from squeue/sacct (a line when unreadable)
+        except TrackerReadOnly:  # reading commands still work; a writing one says so in its own line
+            return
+        for line in lines:
             print(f"tunebench: {line}", file=sys.stderr)
 
 

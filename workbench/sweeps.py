@@ -52,12 +52,26 @@ def split_values(text: str) -> list[str]:
     return [v.strip() for v in out]
 
 
+def _is_cross(term: str) -> bool:
+    return term.strip().lower() in ("x", "×")
+
+
 def axes(terms: Iterable[str]) -> list[tuple[str, list[str]]]:
     """`["lr=1,2", "x", "rank=8"]` -> `[("lr", ["1", "2"]), ("rank", ["8"])]`. Raises `UserError` on a
-    term without `=`, an empty value or a key given twice."""
+    term without `=`, an empty value, a key given twice, or an `x` that does not stand between two
+    terms (first, last, or next to another `x`: a term is missing there), naming its position."""
+    terms = [t for t in terms if t.strip()]
+    only_crosses = all(_is_cross(t) for t in terms)  # no term at all: said below
+    for pos, term in enumerate([] if only_crosses else terms, start=1):
+        if _is_cross(term) and (pos in (1, len(terms)) or _is_cross(terms[pos]) or _is_cross(terms[pos - 2])):
+            where = "first" if pos == 1 else "last" if pos == len(terms) else "next to another x"
+            raise UserError(
+                f"sweep term {pos} ({term!r}, {where}): `x` joins two terms, as in optimizer.lr=1e-4,3e-4 x "
+                "model.lora_rank=8,16; add the missing term or remove the x"
+            )
     out: list[tuple[str, list[str]]] = []
     for term in terms:
-        if term.strip().lower() in ("x", "×", ""):
+        if _is_cross(term):
             continue
         key, eq, values = term.partition("=")
         key = key.strip()
@@ -121,7 +135,10 @@ def _check_name(name: str) -> None:
 def default_name() -> str:
     """`sweep-<n>`, the first n whose tag no run carries."""
     from engine.tracking.db import open_db
+    from engine.tracking.paths import db_path
 
+    if not db_path().exists():  # no runs yet: no sweep either (and no database made just to look)
+        return "sweep-1"
     with open_db() as db:
         tags = {t for (tags,) in db.execute("SELECT tags FROM runs") for t in tags.split(",")}
     n = 1
@@ -151,17 +168,27 @@ def create_sweep(
     queueing are all or none: a failure part way removes the runs already registered.
     """
     from engine.config import ConfigError
-    from engine.tracking.db import open_db
+    from engine.tracking.db import open_db, require_writable
     from engine.tracking.paths import run_dir
     from engine.tracking.readers import get_run
     from engine.tracking.run_rows import delete_run
     from workbench import launcher, run_queue
 
-    name = name or default_name()
+    name = name or default_name()  # (reads the tracker; creates nothing)
     _check_name(name)
     if not runs:
         raise UserError("the sweep has no runs")
     base = list(overrides)
+    # Every run's config first, before the tracker is written (or created) at all.
+    for i, ovs in enumerate(runs, start=1):
+        try:
+            launcher.compose_config(
+                recipe, config_path=config_path, config_text=config_text, overrides=[*base, *ovs],
+                output_dir=run_dir(f"{name}-{i}"), module=module, nproc=nproc,
+            )  # fmt: skip
+        except (ConfigError, UserError) as exc:
+            raise UserError(f"sweep {name}, run {i} ({' '.join(ovs)}): {exc}; nothing was queued") from None
+    require_writable()  # a read-only tracker: its one line, before any run folder is made
     with open_db() as db:
         if db.execute(
             "SELECT 1 FROM runs WHERE ',' || tags || ',' LIKE ?", (f"%,{TAG_PREFIX}{name},%",)
@@ -173,14 +200,6 @@ def create_sweep(
             except Exception:
                 continue
             raise UserError(f"run name {name}-{i} is taken: choose another sweep --name")
-    for i, ovs in enumerate(runs, start=1):
-        try:
-            launcher.compose_config(
-                recipe, config_path=config_path, config_text=config_text, overrides=[*base, *ovs],
-                output_dir=run_dir(f"{name}-{i}"), module=module, nproc=nproc,
-            )  # fmt: skip
-        except (ConfigError, UserError) as exc:
-            raise UserError(f"sweep {name}, run {i} ({' '.join(ovs)}): {exc}; nothing was queued") from None
     made: list[RunRecord] = []
     try:
         for i, ovs in enumerate(runs, start=1):

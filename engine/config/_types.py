@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import sys
 import types
 import typing
 from typing import Any
@@ -120,8 +121,28 @@ def accepts(value: Any, ann: Any) -> bool | None:
 
 
 def hints(target: Any) -> dict[str, Any]:
+    """The parameter annotations of a callable (a class: its `__init__`), as objects.
+
+    `typing.get_type_hints` reads `__annotations__`; builders made at import time (e.g. the model
+    families' `lora_<family>`) carry theirs only in `__signature__`, as strings (`'int'`), so those are
+    evaluated too, in the callable's module and the builtins. One that cannot be evaluated is left out.
+    """
     fn = target.__init__ if inspect.isclass(target) else target
     try:
-        return typing.get_type_hints(fn)
+        out = dict(typing.get_type_hints(fn))
     except Exception:  # unresolvable forward references: fall back to the raw annotations
-        return {}
+        out = {}
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return out
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    namespace = dict(vars(module)) if module is not None else {}
+    for name, param in params.items():
+        if name in out or not isinstance(param.annotation, str):
+            continue
+        try:
+            out[name] = eval(param.annotation, namespace)  # noqa: S307 - an annotation string of our own code
+        except Exception:
+            continue
+    return out

@@ -6,10 +6,11 @@ What is checked:
   module's attributes), and its arguments against the callable's signature: unknown keys
   (did-you-mean over the parameter names, unless it takes `**kwargs`), missing required arguments,
   and types from simple annotations (int, float, bool, str, list[...], dict[...], Optional, Union,
-  Literal). A nested `_component_` value counts as "some object" and is not type-checked here
-  (its own node is checked on its own). Required arguments that recipes pass at the call site
-  (`CALL_SITE_ARGS`: params, optimizer, model, tokenizer, module, num_training_steps, plus a
-  recipe's own) are not reported missing.
+  Literal), and the bounds of arguments that mean the same everywhere (`lr` >= 0, `lora_rank` and
+  model sizes positive: `engine.config.argument_bounds`). A nested `_component_` value counts as
+  "some object" and is not type-checked here (its own node is checked on its own). Required
+  arguments that recipes pass at the call site (`CALL_SITE_ARGS`: params, optimizer, model,
+  tokenizer, module, num_training_steps, plus a recipe's own) are not reported missing.
 - with `recipe=NAME`: the `CONFIG_SCHEMA` (an `engine.config.recipe_schema.Schema`) of `engine.recipes.NAME`:
   unknown top-level keys (did-you-mean; `allowed_components` is always accepted), each key's value
   (type, bounds, allowed words, required keys, the keys and values of a plain mapping such as
@@ -36,6 +37,7 @@ from engine.config._interpolate import UNRESOLVED, Resolver
 from engine.config._overrides import Override, apply_override, parse_override
 from engine.config._types import accepts, hints, type_name
 from engine.config._yaml import load_yaml
+from engine.config.argument_bounds import bound_problem
 from engine.config.recipe_schema import Schema
 
 # Arguments recipes pass positionally at the call site, e.g. `instantiate(cfg["optimizer"], params)`.
@@ -96,6 +98,8 @@ def _check_component(
                     f"change it to {type_name(ann)}",
                 )
             )
+        elif (bound := bound_problem(here, key, value)) is not None:  # lr: -1, lora_rank: 0
+            out.append(bound)
     for pname, param in named.items():
         if param.default is inspect.Parameter.empty and pname not in node and pname not in call_site:
             out.append(

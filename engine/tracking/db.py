@@ -4,10 +4,16 @@ Every connection is a stdlib `sqlite3.Connection` in autocommit mode (`isolation
 writes go through `write_tx()`, which opens the transaction with `BEGIN IMMEDIATE` so a writer takes
 the write lock up front and waits (busy timeout) instead of failing with "database is locked" when
 it would upgrade a read transaction.
+
+A tracker that cannot be written (a file mode, an immutable file, a read-only filesystem) is one
+`TrackerReadOnly` line naming the file: `write_tx()` is the one place every write of the CLI and the
+workbench goes through (a test checks that no write statement is outside one), and it turns SQLite's
+"attempt to write a readonly database" / "unable to open database file" into that error.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sqlite3
@@ -16,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.tracking.paths import db_path, ensure_private_dir
-from engine.tracking.tracker_errors import SchemaError, TrackerError
+from engine.tracking.tracker_errors import SchemaError, TrackerError, TrackerReadOnly
 
 BUSY_TIMEOUT_MS = 60_000
 SCHEMA_VERSION = 4  # keep equal to engine.tracking.tables.SCHEMA_VERSION (checked by a test)
@@ -68,7 +74,12 @@ def connect(home: Path | None = None, *, create: bool = True) -> sqlite3.Connect
         if not create:
             raise TrackerError(f"{path} does not exist: start a run first (tunebench run ...)")
         ensure_private_dir(path.parent)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as exc:
+            if exc.errno in _READ_ONLY_ERRNOS:
+                raise TrackerReadOnly(path, f"cannot create it: {exc.strerror}") from None
+            raise TrackerError(f"{path}: cannot create it ({exc.strerror}): check its folder") from None
         os.close(fd)
     try:
         conn = sqlite3.connect(
@@ -87,6 +98,8 @@ def connect(home: Path | None = None, *, create: bool = True) -> sqlite3.Connect
         _ensure_schema(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
+        if is_read_only_error(exc):  # a journal mode or schema it cannot write
+            raise TrackerReadOnly(path, str(exc)) from None
         raise TrackerError(f"{path} cannot be opened as a tunebench database ({exc}): move it aside") from exc
     except BaseException:
         conn.close()
@@ -106,14 +119,91 @@ def open_db(home: Path | None = None, *, create: bool = True) -> Iterator[sqlite
 
 @contextmanager
 def write_tx(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction (`BEGIN IMMEDIATE` ... `COMMIT`; `ROLLBACK` on any exception)."""
-    conn.execute("BEGIN IMMEDIATE")
+    """One write transaction (`BEGIN IMMEDIATE` ... `COMMIT`; `ROLLBACK` on any exception).
+
+    Raises `TrackerReadOnly` (naming the database file) when SQLite refuses the write because the file
+    or its folder is read-only, at BEGIN, at any statement inside or at COMMIT; other errors as they are.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        _raise_if_read_only(conn, exc)
+        raise
     try:
         yield conn
+    except sqlite3.OperationalError as exc:
+        _rollback(conn)
+        _raise_if_read_only(conn, exc)
+        raise
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        _rollback(conn)
+        _raise_if_read_only(conn, exc)
+        raise
+
+
+# errno values that mean "this process may not write here" (EPERM: an immutable file, even for root).
+_READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def is_read_only_error(exc: BaseException) -> bool:
+    """True for SQLite's refusals to write a read-only database or to create its journal files
+    (SQLITE_READONLY*, SQLITE_CANTOPEN*; by message when the error code is unavailable)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
+    text = str(exc).lower()
+    return "readonly database" in text or "unable to open database file" in text
+
+
+def database_file(conn: sqlite3.Connection) -> str:
+    """The file of `conn`'s main database ("" for an in-memory one or when it cannot be asked)."""
+    try:
+        row = conn.execute("PRAGMA database_list").fetchone()
+    except sqlite3.Error:
+        return ""
+    return str(row[2]) if row and row[2] else ""
+
+
+def require_writable(home: Path | None = None) -> None:
+    """Raise `TrackerReadOnly` when this process cannot write the tracker database under `home`
+    (default `TUNEBENCH_HOME`), or, while it does not exist, the nearest existing folder it would go
+    in. A command calls it before it writes anything else (a run's folder), so a read-only tracker
+    leaves nothing behind; `write_tx` catches the cases this check cannot see (root ignores file
+    modes, and so does SQLite run as root: the check agrees with it)."""
+    path = db_path(home)
+    target = path if path.exists() else next((p for p in path.parents if p.exists()), None)
+    if target is None:
+        return
+    if not os.access(target, os.W_OK):
+        why = "read-only filesystem" if _read_only_fs(target) else "no write permission"
+        raise TrackerReadOnly(path, why if target == path else f"{why} on {target}")
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and not os.access(wal, os.W_OK):
+        raise TrackerReadOnly(path, f"no write permission on {wal.name}")
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _raise_if_read_only(conn: sqlite3.Connection, exc: sqlite3.OperationalError) -> None:
+    if is_read_only_error(exc):
+        raise TrackerReadOnly(database_file(conn) or "the tracker database", str(exc)) from None
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.OperationalError:  # no transaction is open any more (SQLite ended it itself)
+        pass
 
 
 def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:

@@ -22,10 +22,12 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.tracking.db import require_writable
     from workbench import launcher
     from workbench.cli_progress import announce_and_follow
 
     args = parse_mixed(args, _options, prog="tunebench clone")
+    require_writable()  # a read-only tracker is its one line before the new run's folder is made
     rec = launcher.clone(args.run, args.overrides, name=args.name, nproc=args.nproc)
     return announce_and_follow(
         launcher.launch(rec.id), f"cloned from {args.run} and launched", detach=args.detach

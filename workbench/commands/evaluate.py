@@ -250,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
         targets, nf4_base = [(0, base)], False
     else:
         run_id, targets, nf4_base = resolve_target(args.target, args.step)
+    if run_id is not None:  # its scores go to the tracker: a read-only one is refused before a model loads
+        from engine.tracking.db import require_writable
+
+        require_writable()
     if run_id is not None and args.step is None and not args.all_checkpoints:
         targets = targets[-1:]  # the latest checkpoint
     if run_id is not None and args.all_checkpoints:

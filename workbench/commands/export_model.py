@@ -4,7 +4,8 @@ adapters folded into the base) as one GGUF file for llama.cpp and Ollama.
 RUN_OR_DIR is a run id or name (its latest checkpoint), a run folder, a checkpoint folder
 (`checkpoints/step_<N>`), a model folder (HF `config.json` + safetensors, or PEFT adapters whose
 `adapter_config.json` names the base), or `demo`. FILE defaults to `<name>.<type>.gguf` here; an
-existing FILE is replaced only with --force. Families: Llama 2/3, SmolLM2, Mistral, Mixtral, Qwen2/2.5,
+existing FILE is replaced only with --force. FILE's folder must exist and be writable (it is not
+created, as with `tunebench export`); both are checked before the model loads. Families: Llama 2/3, SmolLM2, Mistral, Mixtral, Qwen2/2.5,
 Qwen3, Qwen3-MoE.
 """
 
@@ -80,6 +81,28 @@ def resolve_source(spec: str) -> tuple[Path, str]:
     return found, rec.name or rec.id
 
 
+def check_output_folder(out: Path) -> None:
+    """Refuse `-o FILE` before any model is loaded when FILE's folder does not exist (it is not created:
+    as `tunebench export`, create it first) or this process cannot write into it (its mode, an immutable
+    folder, a read-only filesystem: `os.access` sees all three, and agrees with what root may do)."""
+    import os
+
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.exists():
+        raise UserError(
+            f"{folder}: no such folder; create it first (mkdir -p {folder}) or choose another -o FILE"
+        )
+    if not folder.is_dir():
+        raise UserError(f"{folder}: is a file, not a folder; choose another -o FILE")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        try:
+            read_only_fs = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only_fs = False
+        why = "on a read-only filesystem" if read_only_fs else "not writable by this user"
+        raise UserError(f"{folder}: this folder is {why}; choose -o FILE in a folder you can write")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.gguf not in TYPES:
         raise UserError(f"--gguf {args.gguf!r}: unknown GGUF type; use one of {', '.join(TYPES)}")
@@ -89,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{out}: already exists; pass --force to replace it or choose another -o FILE")
     if out.is_dir():
         raise UserError(f"{out}: is a folder; -o FILE must name a file")
+    check_output_folder(out)
     from engine.checkpoint.gguf_export import export_gguf
 
     path = export_gguf(folder, out, args.gguf)

@@ -24,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add.add_argument("runs", nargs="+", metavar="RUN")
     cancel = qs.add_parser("cancel", help="take waiting runs out of the queue (status cancelled)")
     cancel.add_argument("runs", nargs="+", metavar="RUN")
-    move = qs.add_parser("move", help="move a waiting run: up, down, top, bottom or a place (1 = next)")
+    move = qs.add_parser(
+        "move",
+        help="move a waiting run: up, down, top, bottom or a place (1 = next; past the end: the end)",
+    )
     move.add_argument("run", metavar="RUN")
     move.add_argument("where", metavar="WHERE", help="up, down, top, bottom or a place number")
     qs.add_parser("pause", help="hold the queue: nothing more starts (a running run goes on)")
@@ -46,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"run {rec.name} ({rec.id}) cancelled")
         return 0
     if action == "move":
-        place = run_queue.move(args.run, args.where)
-        print(f"run {args.run} is now at place {place}")
+        print(_move(args.run, args.where))
         return 0
     if action == "pause":
         run_queue.pause()
@@ -61,6 +63,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"queue resumed: {waiting} run(s) waiting" + (f", scheduler pid {pid}" if pid else ""))
         return 0
     return _ls(args.json)
+
+
+def _move(run: str, where: str) -> str:
+    """Move a waiting run and say where it is. A move past either end stops there (decided: the queue
+    is not an error to overshoot; `up` at the top leaves it there) and the line says so."""
+    from engine.tracking.db import open_db
+    from engine.tracking.readers import get_run
+    from workbench import run_queue
+
+    with open_db() as db:
+        rid = get_run(run, db=db).id
+    before = [r.id for r in run_queue.view().waiting]
+    place = run_queue.move(rid, where)
+    last = len(before)
+    asked = int(where) if where.lstrip("+").isdigit() else None
+    if asked is not None and asked > last:
+        return f"run {run} is now at place {place}, the end of the queue ({last} waiting; place {asked} is past it)"
+    if rid in before and before.index(rid) + 1 == place and where in ("up", "top", "down", "bottom"):
+        end = "top" if where in ("up", "top") else "end"
+        return f"run {run} stays at place {place}: it is at the {end} of the queue already"
+    return f"run {run} is now at place {place}"
 
 
 def _ls(as_json: bool) -> int:

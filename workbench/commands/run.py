@@ -66,6 +66,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.tracking.db import require_writable
     from workbench import launcher
     from workbench.cli_progress import announce_and_follow
     from workbench.errors import UserError
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
             output_dir=args.output_dir, module=args.module,
         )  # fmt: skip
+    require_writable()  # a read-only tracker is its one line before the run's folder is made
     rec = launcher.create_run(
         args.recipe,
         config_path=args.config,
@@ -123,6 +125,7 @@ def _queue(rec) -> int:
 
 def _run_slurm(args: argparse.Namespace) -> int:
     """Register the run, write its sbatch script and submit it (or print it when sbatch is absent)."""
+    from engine.tracking.db import require_writable
     from workbench import launcher, slurm
     from workbench.errors import UserError
 
@@ -132,6 +135,7 @@ def _run_slurm(args: argparse.Namespace) -> int:
         nnodes=args.nnodes, gpus_per_node=args.nproc, partition=args.partition, time=args.time,
         account=args.account, sbatch_args=tuple(args.sbatch_arg),
     )  # fmt: skip
+    require_writable()
     rec = launcher.create_run(
         args.recipe, config_path=args.config, overrides=args.overrides, nproc=args.nproc, name=args.name,
         module=args.module, tags=args.tag, nnodes=args.nnodes, output_dir=args.output_dir, slurm=True,
