@@ -11,6 +11,7 @@ See docs/ARCHITECTURE.md, section "Config", for the rules.
 
 from engine.config._components import (
     BUILTIN_PREFIXES,
+    ComponentRefused,
     allow_components,
     check_allowed,
     import_component,
@@ -24,11 +25,12 @@ from engine.config._find import (
     list_builtin_configs,
     recipe_from_text,
 )
+from engine.config._grants import Grant, describe_grants, grant_components, user_grants, user_prefixes
 from engine.config._instantiate import instantiate
 from engine.config._interpolate import resolve_interpolations
 from engine.config._load import load_config, load_config_from_argv, split_config_argv
 from engine.config._overrides import Override, apply_overrides, parse_overrides
-from engine.config._validate import CALL_SITE_ARGS, validate, validate_file
+from engine.config._validate import CALL_SITE_ARGS, refuse_untrusted, validate, validate_file
 from engine.config._yaml import dump_config, load_yaml, parse_yaml
 from engine.config.recipe_schema import REQUIRED, Field, Schema
 
@@ -36,9 +38,11 @@ __all__ = [
     "BUILTIN_PREFIXES",
     "BuiltinConfig",
     "CALL_SITE_ARGS",
+    "ComponentRefused",
     "ConfigError",
     "ConfigProblem",
     "Field",
+    "Grant",
     "Override",
     "REQUIRED",
     "Schema",
@@ -46,8 +50,10 @@ __all__ = [
     "apply_overrides",
     "builtin_config_dir",
     "check_allowed",
+    "describe_grants",
     "dump_config",
     "find_config",
+    "grant_components",
     "import_component",
     "instantiate",
     "list_builtin_configs",
@@ -57,9 +63,12 @@ __all__ = [
     "parse_overrides",
     "parse_yaml",
     "recipe_from_text",
+    "refuse_untrusted",
     "reset_allowed_components",
     "resolve_interpolations",
     "split_config_argv",
+    "user_grants",
+    "user_prefixes",
     "validate",
     "validate_file",
 ]

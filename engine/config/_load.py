@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from engine.config._components import allow_components, config_prefixes
+from engine.config._components import config_widening_error
 from engine.config._errors import ConfigError
 from engine.config._find import find_config
 from engine.config._interpolate import resolve_interpolations
@@ -16,13 +16,15 @@ from engine.config._yaml import load_yaml
 def load_config(path: str | os.PathLike, overrides: Iterable[str | Override] = ()) -> dict:
     """Load a config file, apply `overrides` in order, then resolve every `${...}`.
 
-    The config's `allowed_components` are registered for this process so that later
-    `instantiate` calls honour them. Raises ConfigError (one line naming the file, field or
-    override) for a missing or malformed file, a bad override or a broken interpolation.
+    Raises ConfigError (one line naming the file, field or override) for a missing or malformed file,
+    a bad override or a broken interpolation, and for an `allowed_components:` key (a config cannot
+    widen its own allow-list: `engine.config._grants` says where the user does).
     """
     cfg = apply_overrides(load_yaml(path), overrides)
     cfg = resolve_interpolations(cfg)
-    allow_components(config_prefixes(cfg))
+    refused = config_widening_error(cfg)
+    if refused is not None:
+        raise refused
     return cfg
 
 

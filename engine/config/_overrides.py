@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config._components import config_prefixes, import_component
+from engine.config._components import import_component
 from engine.config._errors import ConfigError, did_you_mean, dotted
 from engine.config._interpolate import has_reference
 from engine.config._yaml import parse_yaml
@@ -218,7 +218,7 @@ def _new_value(cfg: dict, old: Any, ov: Override) -> Any:
             label=f"override {ov.text!r}",
             field=ov.text,
         )
-    target = import_component(ov.value, field=f"override {ov.text!r}", extra=config_prefixes(cfg))
+    target = import_component(ov.value, field=f"override {ov.text!r}")
     return {"_component_": ov.value, **_kept_args(old, target)}
 
 

@@ -1,7 +1,8 @@
 """`validate`: every problem of a config at once, without building any heavy object.
 
 What is checked:
-- interpolation (missing targets, circular references) and `allowed_components`;
+- interpolation (missing targets, circular references); an `allowed_components:` key is refused (a
+  config cannot widen its own allow-list; `engine.config._grants` says where the user does);
 - for every mapping with `_component_`: the allow-list, that the path imports (did-you-mean over the
   module's attributes), and its arguments against the callable's signature: unknown keys
   (did-you-mean over the parameter names, unless it takes `**kwargs`), missing required arguments,
@@ -12,7 +13,7 @@ What is checked:
   arguments that recipes pass at the call site (`CALL_SITE_ARGS`: params, optimizer, model,
   tokenizer, module, num_training_steps, plus a recipe's own) are not reported missing.
 - with `recipe=NAME`: the `CONFIG_SCHEMA` (an `engine.config.recipe_schema.Schema`) of `engine.recipes.NAME`:
-  unknown top-level keys (did-you-mean; `allowed_components` is always accepted), each key's value
+  unknown top-level keys (did-you-mean; `allowed_components` gets its own refusal instead), each key's value
   (type, bounds, allowed words, required keys, the keys and values of a plain mapping such as
   `validation:`), so `batch_size: two` or `optimizer_in_bwd: "no"` is reported here rather than failing
   (or silently meaning True) in the run, and the schema's checks between keys (optimizer_in_bwd with
@@ -30,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from engine.config._components import config_prefixes, import_component
+from engine.config._components import ComponentRefused, config_widening_error, import_component
 from engine.config._errors import ConfigError, ConfigProblem, did_you_mean, dotted
 from engine.config._find import recipe_from_text
 from engine.config._interpolate import UNRESOLVED, Resolver
@@ -48,15 +49,13 @@ _RECIPE_RE = re.compile(r"^[A-Za-z_]\w*$")
 # ---- components --------------------------------------------------------------------------------------
 
 
-def _check_component(
-    node: dict, path: tuple, prefixes: list[str], call_site: frozenset[str], out: list[ConfigProblem]
-) -> None:
+def _check_component(node: dict, path: tuple, call_site: frozenset[str], out: list[ConfigProblem]) -> None:
     field = dotted(path + ("_component_",))
     name = node["_component_"]
     if name is UNRESOLVED:
         return
     try:
-        target = import_component(name, field=field, extra=prefixes)
+        target = import_component(name, field=field)
     except ConfigError as exc:
         out.append(exc.problem)
         return
@@ -111,18 +110,56 @@ def _check_component(
             )
 
 
-def _walk(
-    node: Any, path: tuple, prefixes: list[str], call_site: frozenset[str], out: list[ConfigProblem]
-) -> None:
+def _walk(node: Any, path: tuple, call_site: frozenset[str], out: list[ConfigProblem]) -> None:
     if isinstance(node, dict):
         if "_component_" in node:
-            _check_component(node, path, prefixes, call_site, out)
+            _check_component(node, path, call_site, out)
         for key, value in node.items():
             if key != "_component_":
-                _walk(value, path + (key,), prefixes, call_site, out)
+                _walk(value, path + (key,), call_site, out)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            _walk(value, path + (i,), prefixes, call_site, out)
+            _walk(value, path + (i,), call_site, out)
+
+
+def _component_names(node: Any, path: tuple):
+    """`(field, name)` of every `_component_` string in `node`, depth first."""
+    if isinstance(node, dict):
+        name = node.get("_component_")
+        if isinstance(name, str):
+            yield dotted(path + ("_component_",)), name
+        for key, value in node.items():
+            if key != "_component_":
+                yield from _component_names(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _component_names(value, path + (i,))
+
+
+def refuse_untrusted(cfg: Any) -> None:
+    """Raise the first security refusal of `cfg` (written or resolved), as one line: an
+    `allowed_components:` key, or a `_component_` the allow-list refuses (named). Other problems are
+    `validate`'s; nothing outside the allow-list is imported.
+
+    Raises:
+        ComponentRefused: the key, or the field and component refused.
+    """
+    if not isinstance(cfg, dict):
+        return
+    try:
+        resolved = Resolver(cfg, errors=[]).resolve()
+    except RecursionError:
+        return
+    widening = config_widening_error(resolved)
+    if widening is not None:
+        raise widening
+    for field, name in _component_names(resolved, ()):
+        try:
+            import_component(name, field=field)
+        except ComponentRefused:
+            raise
+        except ConfigError:
+            continue  # an unknown or broken component: validate reports it
 
 
 # ---- recipes -----------------------------------------------------------------------------------------
@@ -182,11 +219,9 @@ def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
     except RecursionError:
         return [ConfigProblem("<config>", "nested or chained too deeply to resolve", "flatten the config")]
     out.extend(e.problem for e in errors)
-    try:
-        prefixes = config_prefixes(resolved)
-    except ConfigError as exc:
-        out.append(exc.problem)
-        prefixes = []
+    widening = config_widening_error(resolved)
+    if widening is not None:
+        out.append(widening.problem)
     call_site = CALL_SITE_ARGS
     if recipe is not None:
         module = _recipe_module(recipe, out)
@@ -194,7 +229,7 @@ def validate(cfg: dict, recipe: str | None = None) -> list[ConfigProblem]:
         if isinstance(schema, Schema):
             call_site = call_site | schema.call_site_args
             out.extend(schema.problems(resolved))
-    _walk(resolved, (), prefixes, call_site, out)
+    _walk(resolved, (), call_site, out)
     seen: set[ConfigProblem] = set()
     return [p for p in out if not (p in seen or seen.add(p))]
 

@@ -35,7 +35,7 @@ from engine.config._interpolate import UNRESOLVED
 from engine.config._types import accepts, is_component, type_name
 
 REQUIRED = object()  # a Field default: the key must be given (and not null)
-ALWAYS_ALLOWED_KEYS = frozenset({"allowed_components"})
+ALWAYS_ALLOWED_KEYS = frozenset({"allowed_components"})  # refused by validate itself, not as unknown
 # The workbench controls a Field may name in `controls` (engine/ never imports the workbench; the names
 # are the contract): `nproc` is the launcher's process count, the others set config keys.
 CONTROL_NAMES = frozenset(
@@ -222,7 +222,7 @@ class Schema:
     """A recipe's whole config: its Fields, the checks between them, and what that means for processes.
 
     Args:
-        fields: top-level key -> Field (`allowed_components` is always accepted besides).
+        fields: top-level key -> Field (`allowed_components` is not reported unknown: `validate` refuses it on its own).
         checks: functions `cfg -> [ConfigProblem]` for problems between keys, found without building
             anything (optimizer-in-backward with gradient accumulation, ...); they run only when every
             field is fine, on the config with defaults filled in (`fill`).

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from engine.config import ConfigProblem, Field, Schema, load_yaml
+from engine.config import ConfigProblem, Field, Schema, allow_components, load_yaml
 from engine.config._validate import validate, validate_file
 
 
@@ -54,8 +54,11 @@ def test_every_problem_kind_at_once(write_yaml):
     assert "unknown argument 'lrr' for torch.optim.SGD (did you mean 'lr'?)" in by_field["optimizer.lrr"]
     assert "expects float, got str 'fast'" in by_field["optimizer.momentum"]
     assert "expects bool, got int 1" in by_field["optimizer.nesterov"]
-    assert "has no 'StepLRR' (did you mean 'StepLR'?)" in by_field["sched._component_"]
-    assert "not under an allowed prefix" in by_field["evil._component_"]
+    assert (
+        "StepLRR is not on the allow-list of components (did you mean 'torch.optim.lr_scheduler.StepLR'?)"
+        in (by_field["sched._component_"])
+    )
+    assert "component os.system is not on the allow-list" in by_field["evil._component_"]
     assert "missing required argument 'out_features'" in by_field["lin.out_features"]
     assert (
         "ce.reduction" not in by_field
@@ -81,20 +84,21 @@ def test_call_site_arguments_are_not_missing():
     ],
 )
 def test_literal_types(monkeypatch, value, ok):
-    module = types.ModuleType("engine._tb_literal")
+    module = types.ModuleType("tb_literal")
     exec(
         "from typing import Literal, Optional\n"
         "def build(mode: Literal['mean', 'sum'] = 'mean', n: Optional[int] = None, xs: list[int] = (),"
         " opts: dict | None = None, name: str = 'x', f: float = 1.0):\n    return mode\n",
         module.__dict__,
     )
-    monkeypatch.setitem(sys.modules, "engine._tb_literal", module)
-    problems = validate({"x": {"_component_": "engine._tb_literal.build", "mode": value}})
+    monkeypatch.setitem(sys.modules, "tb_literal", module)
+    allow_components(["tb_literal"])  # a user grant: the fake module is not on the list
+    problems = validate({"x": {"_component_": "tb_literal.build", "mode": value}})
     assert (problems == []) is ok
     bad = validate(
         {
             "x": {
-                "_component_": "engine._tb_literal.build",
+                "_component_": "tb_literal.build",
                 "n": 1.5,
                 "xs": [1, "a"],
                 "opts": [1],
@@ -110,12 +114,9 @@ def test_literal_types(monkeypatch, value, ok):
         "change it to a mapping or null",
         "change it to str",
     ]
-    literal = validate({"x": {"_component_": "engine._tb_literal.build", "mode": "avg"}})
+    literal = validate({"x": {"_component_": "tb_literal.build", "mode": "avg"}})
     assert literal and literal[0].hint == "change it to one of 'mean', 'sum'"
-    assert (
-        validate({"x": {"_component_": "engine._tb_literal.build", "n": None, "xs": [1, 2], "opts": {}}})
-        == []
-    )
+    assert validate({"x": {"_component_": "tb_literal.build", "n": None, "xs": [1, 2], "opts": {}}}) == []
 
 
 def test_nested_component_is_some_object_and_is_checked_itself():
@@ -134,7 +135,11 @@ def test_nested_component_is_some_object_and_is_checked_itself():
 def test_allow_list_applies_to_validate(monkeypatch):
     cfg = {"f": {"_component_": "fractions.Fraction", "numerator": 1}}
     assert fields(validate(cfg)) == ["f._component_"]
-    assert validate(dict(cfg, allowed_components=["fractions"])) == []
+    # the config's own key grants nothing and is itself the problem
+    assert fields(validate(dict(cfg, allowed_components=["fractions"]))) == [
+        "allowed_components",
+        "f._component_",
+    ]
     monkeypatch.setenv("TUNEBENCH_ALLOW", "fractions")
     assert validate(cfg) == []
     assert fields(validate({"allowed_components": 3})) == ["allowed_components"]
@@ -142,15 +147,17 @@ def test_allow_list_applies_to_validate(monkeypatch):
 
 def test_validate_builds_nothing(monkeypatch):
     calls = []
-    module = types.ModuleType("engine._tb_heavy")
+    module = types.ModuleType("tb_heavy")
 
     class Heavy:
         def __init__(self, size: int):
             calls.append(size)
 
+    Heavy.__module__ = "tb_heavy"  # defined in the granted module (else: a class from elsewhere, refused)
     module.Heavy = Heavy
-    monkeypatch.setitem(sys.modules, "engine._tb_heavy", module)
-    assert validate({"h": {"_component_": "engine._tb_heavy.Heavy", "size": 10**12}}) == []
+    monkeypatch.setitem(sys.modules, "tb_heavy", module)
+    allow_components(["tb_heavy"])  # a user grant: the fake module is not on the list
+    assert validate({"h": {"_component_": "tb_heavy.Heavy", "size": 10**12}}) == []
     assert calls == []
 
 
@@ -168,7 +175,6 @@ def test_recipe_config_keys(monkeypatch):
     cfg = {
         "model": {"_component_": "torch.nn.Linear", "out_features": 2},  # in_features comes from the recipe
         "epochz": 1,
-        "allowed_components": [],
     }
     problems = validate(cfg, recipe="_tb_toy")
     assert [str(p) for p in problems] == [
@@ -211,7 +217,7 @@ def test_union_with_an_unknown_class_is_decided_by_its_simple_members():
 
 
 def test_sequences_and_unknown_classes(monkeypatch):
-    module = types.ModuleType("engine._tb_seq")
+    module = types.ModuleType("tb_seq")
     exec(
         "from collections.abc import Sequence, Mapping\n"
         "from pathlib import Path\n"
@@ -219,8 +225,9 @@ def test_sequences_and_unknown_classes(monkeypatch):
         "    return xs\n",
         module.__dict__,
     )
-    monkeypatch.setitem(sys.modules, "engine._tb_seq", module)
-    ok = {"_component_": "engine._tb_seq.build", "xs": [1, 2], "m": {"a": 1}, "p": "/some/where"}
+    monkeypatch.setitem(sys.modules, "tb_seq", module)
+    allow_components(["tb_seq"])  # a user grant: the fake module is not on the list
+    ok = {"_component_": "tb_seq.build", "xs": [1, 2], "m": {"a": 1}, "p": "/some/where"}
     assert validate({"x": ok}) == []  # Path | None cannot tell about a str: not reported
     bad = validate({"x": dict(ok, xs=[1, "a"], m=[1])})
     assert [(p.field, p.hint) for p in bad] == [
