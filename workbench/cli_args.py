@@ -72,3 +72,24 @@ def parse_mixed(args: argparse.Namespace, add_options: AddOptions, *, prog: str)
     for key, value in vars(ns).items():
         setattr(args, key, value)
     return args
+
+
+def add_allow_option(p: argparse.ArgumentParser) -> None:
+    """`--allow-component PREFIX` (repeatable): the user's widening of the component allow-list."""
+    p.add_argument(
+        "--allow-component",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="let `_component_` name paths under PREFIX (repeatable; a run records it). A config cannot "
+        "allow anything itself; see docs/ARCHITECTURE.md, Trust model",
+    )
+
+
+def apply_allow(prefixes: list[str]) -> None:
+    """Grant `--allow-component` prefixes to this process (and the runs it registers).
+
+    Raises `engine.config.ConfigError` (one line) for a prefix that is not a dotted name."""
+    from engine.config import grant_components
+
+    grant_components(prefixes or [], source="--allow-component")

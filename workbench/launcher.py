@@ -29,7 +29,7 @@ from engine.tracking.readers import active_runs, get_run
 from engine.tracking.records import ACTIVE_STATUSES, RunRecord
 from engine.tracking.run_rows import add_event, new_run_id, truncate_after, update_run
 from engine.tracking.run_rows import create_run as _register
-from workbench import run_manifest
+from workbench import component_grants, run_manifest
 from workbench.errors import UserError
 
 CONFIG_NAME = "config.yaml"
@@ -128,7 +128,7 @@ def create_run(
                 ) from None
         _atomic_write(out / CONFIG_NAME, text)
         with open_db() as db:
-            return _register(
+            rec = _register(
                 db=db,
                 recipe=recipe,
                 config_text=text,
@@ -145,6 +145,8 @@ def create_run(
                 nnodes=nnodes,
                 rdzv_endpoint=rdzv_endpoint,
             )
+            component_grants.record(rec.id, db=db)  # the user's allow-list widening, if any
+            return rec
     except BaseException:
         if made:
             shutil.rmtree(out, ignore_errors=True)
@@ -169,7 +171,14 @@ def compose_config(
     as `create_run` checks it (with `validate`: every problem in one `ConfigError` line; `nproc`, all
     ranks, against the recipe's limits); writes nothing. `workbench.sweeps` checks every run of a sweep
     with it before queueing any."""
-    from engine.config import ConfigError, apply_overrides, find_config, load_yaml, parse_yaml
+    from engine.config import (
+        ConfigError,
+        apply_overrides,
+        find_config,
+        load_yaml,
+        parse_yaml,
+        refuse_untrusted,
+    )
     from engine.config import validate as validate_config
 
     if (config_path is None) == (config_text is None):
@@ -185,6 +194,7 @@ def compose_config(
     if not cfg:
         raise empty_config_error(source)
     cfg = apply_overrides(cfg, list(overrides))
+    refuse_untrusted(cfg)  # a refused component or `allowed_components:` key: one line, before anything
     # Set before validating: a config may refer to it (`${output_dir}/samples`).
     cfg["output_dir"] = str(output_dir)
     if validate:
@@ -236,9 +246,13 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 # -- launching and stopping ----------------------------------------------------------------------------
-def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
+def launch(
+    run_id: str, *, extra_args: Iterable[str] = (), extra_env: dict[str, str] | None = None
+) -> RunRecord:
     """Start the run's supervisor (detached, new session); returns the row once it is recorded.
 
+    `extra_env` is added to the supervisor's environment (`resume --trust-checkpoint`); the run's
+    `TUNEBENCH_ALLOW` is always the prefixes it was registered with (`workbench.component_grants`).
     Raises `UserError` when the run is already running or the supervisor cannot start.
     """
     with open_db() as db:
@@ -255,7 +269,9 @@ def launch(run_id: str, *, extra_args: Iterable[str] = ()) -> RunRecord:
         )  # fmt: skip
     out = run_folder(run)
     run_manifest.record(out, "supervisor.log")
-    env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()))
+    env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()), **(extra_env or {}))
+    with open_db() as db:  # the allow-list widening the run was registered with, not this process's
+        env = component_grants.launch_env(env, run.id, db=db)
     with open(out / "supervisor.log", "ab") as err:
         proc = subprocess.run(
             [sys.executable, "-m", "workbench.supervisor", "--fork", run.id, "--", *extra_args],
@@ -427,10 +443,15 @@ def delete(run_id: str, *, remove_files: bool = True) -> str | None:
 
 
 # -- resume, clone, export -----------------------------------------------------------------------------
-def resume(run_id: str) -> RunRecord:
+def resume(run_id: str, *, trust_checkpoint: bool = False) -> RunRecord:
     """Restart a finished/stopped/failed run from its newest checkpoint: tracker rows past that step
     are deleted (one transaction), then the run is launched with the override `resume=true`.
-    Raises `UserError` when it is still running or has no checkpoint."""
+    A checkpoint without this home's mark (`engine.checkpoint.provenance`: not written by this run in
+    this folder) is refused unless `trust_checkpoint` (`--trust-checkpoint`: the run's processes get
+    `TUNEBENCH_TRUST_CHECKPOINT=1`, and the resume event says so).
+    Raises `UserError` when it is still running, has no checkpoint or an untrusted one."""
+    from engine.checkpoint import provenance
+
     with open_db() as db:
         run = get_run(run_id, db=db)
         never_launched = run.status == "queued" and run.supervisor_pid is None
@@ -442,10 +463,19 @@ def resume(run_id: str) -> RunRecord:
                 f"run {run.name} has no checkpoint under {run.output_dir}/checkpoints: "
                 f"start it over with `tunebench clone {run.name}`"
             )
+        folder = Path(run.output_dir) / "checkpoints" / f"step_{step}"
+        why = None if trust_checkpoint else provenance.why_foreign(folder)
+        if why is not None:
+            raise UserError(
+                f"run {run.name}: {folder} was not written by this run ({why}); resuming unpickles its"
+                f" metadata, which can run code: if you trust it, `tunebench resume {run.name} --trust-checkpoint`"
+            )
         truncate_after(run.id, step, db=db)
         update_run(run.id, db=db, kind="resume", resumes=run.resumes + 1)
-        add_event(run.id, step, "resume", f"resumed from checkpoints/step_{step}", db=db)
-    return launch(run.id, extra_args=["resume=true"])
+        trusted = " (a foreign checkpoint, trusted by --trust-checkpoint)" if trust_checkpoint else ""
+        add_event(run.id, step, "resume", f"resumed from checkpoints/step_{step}{trusted}", db=db)
+    extra_env = {provenance.TRUST_ENV: "1"} if trust_checkpoint else None
+    return launch(run.id, extra_args=["resume=true"], extra_env=extra_env)
 
 
 def clone(

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench import component_grants
 from workbench.errors import UserError
 
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
@@ -141,6 +142,7 @@ def run_node(
     exit_dir = tmp / "exit_codes"
     env = {k: v for k, v in os.environ.items() if k != "TUNEBENCH_RUN_ID"}  # no tracker writes here
     env.update(TUNEBENCH_EXIT_DIR=str(exit_dir), PYTHONUNBUFFERED="1")
+    env = component_grants.current_env(env)  # this node's --allow-component reaches its ranks
     cmd = torchrun_command(
         nproc=nproc, module=module or f"engine.recipes.{recipe}", config=config, extra=[],
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,

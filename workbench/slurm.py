@@ -260,7 +260,10 @@ def submit(run: RunRecord, res: SlurmResources, *, stream=None) -> RunRecord | N
             file=sys.stderr,
         )
         return None
-    proc = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True, timeout=120)
+    from workbench.component_grants import current_env  # the job inherits it: --allow-component reaches it
+
+    proc = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True, timeout=120,
+                          env=current_env(dict(os.environ)))  # fmt: skip
     job = proc.stdout.strip().split(";")[0]
     if proc.returncode != 0 or not job:
         with open_db() as db:

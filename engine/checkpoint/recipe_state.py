@@ -39,6 +39,7 @@ from engine.checkpoint.layout import (  # noqa: F401 (re-exported: the recipes' 
     list_checkpoints,
 )
 from engine.checkpoint.layout import RECIPE_STATE as _RECIPE_STATE
+from engine.checkpoint.provenance import check_written_here, mark_written
 from engine.config import ConfigError
 
 
@@ -169,6 +170,7 @@ def save_checkpoint(
     if write_model is not None:
         write_model(tmp / "model")
     if rank == 0:
+        mark_written(tmp, final)  # this home's mark: resume trusts only marked folders (provenance)
         # Written last: its presence is what makes a folder a complete checkpoint.
         _atomic_torch_save({**recipe_state, "step": step}, tmp / _RECIPE_STATE)
     _barrier()
@@ -212,6 +214,7 @@ def load_checkpoint(
             f"{path}: not a complete recipe checkpoint (no {_RECIPE_STATE} or state/); "
             "point resume at a checkpoints/step_<N> folder written by a finished save"
         )
+    check_written_here(path)  # before DCP unpickles its metadata (engine.checkpoint.provenance)
     model_sd, optim_sd = _state_dicts(model, optimizer)
     payload = {"model": model_sd}
     if optim_sd is not None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ConfigError, ConfigProblem
+from engine.config import ConfigError, ConfigProblem, user_prefixes
 from engine.config.recipe_schema import Field, Schema
 from engine.recipes._entry import recipe_entry
 from engine.rl.buffer import ReplayBuffer
@@ -153,7 +153,7 @@ class AsyncGRPORecipe(GRPOTrainer):
                 self.reward_weights,
                 settings,
                 self.seed + 1 + 1000 * i,
-                list(self.cfg.get("allowed_components") or []),
+                user_prefixes(),  # the user's allow-list widening (never the config's)
                 int(self.cfg["generator_threads"]),
             )  # fmt: skip
             for i in range(self.num_generators)

@@ -23,7 +23,8 @@ class RolloutGenerator:
         reward_nodes, reward_weights (dict): as in the GRPO config.
         settings (dict): group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens.
         seed (int): this generator's sampling seed.
-        allowed (list[str]): the config's `allowed_components` (user reward packages).
+        allowed (list[str]): the trainer's user-granted component prefixes (`engine.config.user_prefixes`:
+            `--allow-component`, `TUNEBENCH_ALLOW`, settings.yaml), e.g. a package of user reward functions.
         num_threads (int): torch threads in this process (default 1).
     """
 
@@ -31,7 +32,7 @@ class RolloutGenerator:
                  settings: dict, seed: int, allowed: list[str] | None = None, num_threads: int = 1) -> None:  # fmt: skip
         torch.set_num_threads(num_threads)
         if allowed:
-            allow_components(allowed)
+            allow_components(allowed, source="the GRPO trainer")
         self.model = instantiate(model_node)
         self.model.eval().requires_grad_(False)
         self.tokenizer = instantiate(tokenizer_node)

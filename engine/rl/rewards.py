@@ -4,7 +4,9 @@
 
 named in the config under `rewards: {name: {_component_: dotted.path, **settings}}`; the recipe calls
 it through `engine.config.instantiate` at every step with the step's completions (so user functions
-go through the same allow-list as every component: add their package to `allowed_components`).
+go through the same allow-list as every component: the user allows their package with
+`tunebench run ... --allow-component mypkg.rewards`, `TUNEBENCH_ALLOW` or `TUNEBENCH_HOME/settings.yaml`;
+a config cannot).
 """
 
 from __future__ import annotations

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.cli_args import add_config_option, add_recipe_command, parse_mixed
+from workbench.cli_args import (
+    add_allow_option,
+    add_config_option,
+    add_recipe_command,
+    apply_allow,
+    parse_mixed,
+)
 
 _HELP = "run a recipe headless: register, launch with torchrun, show progress, exit with its code"
 _DESCRIPTION = (
@@ -26,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(p: argparse.ArgumentParser) -> None:
     add_config_option(p)
+    add_allow_option(p)
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) on this node (default 1)")
     p.add_argument("--name", help="a name for the run (default <recipe>-<n>)")
     p.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from workbench.errors import UserError
 
     args = parse_mixed(args, _options, prog="tunebench run")
+    apply_allow(args.allow_component)  # the user's widening: recorded with the run
     if not args.config:
         raise UserError("--config FILE is required: tunebench run RECIPE --config FILE [key=value ...]")
     slurm_only = [f for f, v in (("--partition", args.partition), ("--time", args.time),

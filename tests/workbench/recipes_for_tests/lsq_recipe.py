@@ -5,7 +5,8 @@
 (with this folder on PYTHONPATH). It behaves as the launcher contract asks of every recipe
 (docs/ARCHITECTURE.md): metrics through `MetricLogger` every step, a checkpoint every
 `checkpoint_every` steps under `output_dir/checkpoints/step_<N>/` (temp folder + rename), SIGTERM ->
-checkpoint + exit 0, `resume: true` -> continue from the newest checkpoint with the same data order,
+checkpoint + exit 0, `resume: true` -> continue from the newest checkpoint with the same data order
+(marked and checked as the engine's checkpoints are, `engine.checkpoint.provenance`),
 a non-finite loss -> `loss is nan at step N` on stderr + exit 1, a bad config -> one line + exit 2.
 With several ranks, gradients are averaged with `all_reduce` over gloo (each rank its own data shard).
 """
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from engine.checkpoint.layout import RECIPE_STATE, latest_checkpoint
+from engine.checkpoint.provenance import check_written_here, mark_written
 from engine.config import ConfigError, load_config
 from engine.tracking import MetricLogger
 from engine.training.distributed import shutdown
@@ -76,6 +78,7 @@ def _save(output_dir: Path, step: int, w: torch.Tensor, gen: torch.Generator, lo
     ckpts.mkdir(parents=True, exist_ok=True)
     tmp = ckpts / f".tmp_step_{step}"
     tmp.mkdir(exist_ok=True)
+    mark_written(tmp, ckpts / f"step_{step}")  # this home's mark: resume refuses folders without it
     torch.save(
         {"step": step, "w": w.detach().clone(), "rng": gen.get_state()}, tmp / RECIPE_STATE
     )  # written last, as save_checkpoint does
@@ -106,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank + 1)
     step = 0
     if cfg["resume"] and (ck := _latest(out)) is not None:
+        try:
+            check_written_here(ck)  # before unpickling anything from it
+        except ConfigError as exc:
+            print(f"lsq_recipe: {exc}", file=sys.stderr)
+            return 2
         state = torch.load(ck / RECIPE_STATE)
         step = state["step"]
         with torch.no_grad():
