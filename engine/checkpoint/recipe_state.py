@@ -11,9 +11,12 @@ A checkpoint is a folder `output_dir/checkpoints/step_<N>/`:
 
 Atomicity: everything is written into `checkpoints/.tmp_step_<N>/` and renamed to `step_<N>` only after
 every rank has finished, so a run killed mid-save (kill -9, power loss) leaves the previous checkpoint as
-the latest complete one; leftover temp folders are removed by the next save. Only the last `keep_last`
-checkpoints are kept. `load_checkpoint` refuses a folder that is not a complete checkpoint with a one-line
-`CheckpointStateError` naming it.
+the latest complete one; leftover temp folders are removed by the next save. A training recipe's
+checkpoint is renamed only after every rank's tracker rows up to step N are committed in SQLite
+(`save_training_checkpoint` flushes the logger first): a run killed right after the rename resumes at
+N + 1 with the rows of step N in place, and resume drops the rows past N, so every step has its rows
+exactly once. Only the last `keep_last` checkpoints are kept. `load_checkpoint` refuses a folder that is
+not a complete checkpoint with a one-line `CheckpointStateError` naming it.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ def save_checkpoint(
     recipe_state: dict[str, Any],
     keep_last: int = 2,
     write_model: Callable[[Path], None] | None = None,
+    before_publish: Callable[[], None] | None = None,
 ) -> Path:
     """Write `output_dir/checkpoints/step_<step>/` atomically on every rank; return its path.
 
@@ -139,6 +143,9 @@ def save_checkpoint(
         keep_last: complete checkpoints to keep (>= 1); older ones are deleted after this one is in place.
         write_model: called on every rank with the `model/` folder to fill (HF weights or PEFT adapters);
             it must write only on rank 0 but may take part in collective gathers on all ranks.
+        before_publish: called on every rank once everything is written and before the folder becomes
+            visible (the recipes pass their tracker logger's `flush`, so the rows of every step up to
+            this one are committed first); what it raises leaves the checkpoint unpublished.
     Raises:
         ValueError: keep_last < 1.
     """
@@ -173,20 +180,28 @@ def save_checkpoint(
         mark_written(tmp, final)  # this home's mark: resume trusts only marked folders (provenance)
         # Written last: its presence is what makes a folder a complete checkpoint.
         _atomic_torch_save({**recipe_state, "step": step}, tmp / _RECIPE_STATE)
-    _barrier()
+    if before_publish is not None:
+        before_publish()
+    _barrier()  # every rank's files and `before_publish` are done before rank 0 publishes
 
     if rank == 0:
-        if final.exists():  # the same step saved again (e.g. SIGTERM right after a periodic save)
-            old = root / f".tmp_old_step_{step}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        _publish(tmp, final)
         for _, path in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(path, ignore_errors=True)
     _barrier()
     return final
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Make the complete checkpoint folder `tmp` visible as `final` (rank 0): one rename; a `final` of
+    the same step saved before (SIGTERM right after a periodic save) is moved aside first and removed."""
+    if final.exists():
+        old = final.with_name(f".tmp_old_{final.name}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 def load_checkpoint(
@@ -279,27 +294,35 @@ def load_resume_state(
 
     `resume` false/null: None. `true`/`latest`: the newest checkpoint under `output_dir` (None, with a
     `resume` event saying the run starts at step 0, when nothing was saved yet); a path: that one.
-    Rank 0 drops tracker rows past the checkpoint's step (the launcher does too; a hand-resumed run's
-    rows stay unique) and every resume logs a `resume` event. Returns the saved recipe state (step,
-    epoch, batches_in_epoch, ...); the recipe restores its own counters from it.
+    Rank 0 drops tracker rows past the checkpoint's step, or every step's rows when it starts at step 0
+    (the launcher does too; a hand-resumed run's rows stay unique) and every resume logs a `resume`
+    event. Returns the saved recipe state (step, epoch, batches_in_epoch, ...); the recipe restores its
+    own counters from it.
     """
     resume = cfg.get("resume", False)
     if resume in (False, None, "false"):
         return None
     path = latest_checkpoint(output_dir) if resume in (True, "true", "latest") else Path(resume)
     if path is None:  # nothing saved yet: a resumed run killed before its first checkpoint starts over
+        _drop_rows_after(0, rank)  # the killed attempt's steps are trained (and logged) again
         logger.event(0, "resume", f"no checkpoint under {output_dir}/checkpoints yet: starting at step 0")
         return None
     state = load_checkpoint(path, model=model, optimizer=optimizer)
     if lr_scheduler is not None and state.get("lr_scheduler") is not None:
         lr_scheduler.load_state_dict(state["lr_scheduler"])
+    _drop_rows_after(int(state["step"]), rank)
+    logger.event(int(state["step"]), "resume", f"resumed from {path.name}")
+    return state
+
+
+def _drop_rows_after(step: int, rank: int) -> None:
+    """Rank 0 of a tracked run (`TUNEBENCH_RUN_ID`): delete the run's tracker rows past `step`, which
+    the resumed run writes again."""
     run_id = os.environ.get("TUNEBENCH_RUN_ID")
     if run_id and rank == 0:
         from engine.tracking import truncate_metrics_after
 
-        truncate_metrics_after(run_id, int(state["step"]))
-    logger.event(int(state["step"]), "resume", f"resumed from {path.name}")
-    return state
+        truncate_metrics_after(run_id, step)
 
 
 _AS_RECIPE = object()
@@ -347,6 +370,10 @@ def save_training_checkpoint(
     `trained`: the module whose weights and optimizer state resume needs when it is more than `model`
     (PPO: policy and value model); `is_lora` / `model_dir`: the export's, when not the recipe's;
     `config_updates`: fields set in an exported Hugging Face folder's `config.json`.
+
+    The folder is published only after `recipe.logger.flush()` has committed every row logged so far
+    (this step's included) on every rank. Raises `TrackerError` (the checkpoint left unpublished) when
+    the rows cannot be written.
     """
     from functools import partial
 
@@ -363,6 +390,7 @@ def save_training_checkpoint(
         keep_last=recipe.keep_last,
         write_model=partial(write_model_folder, recipe.model, recipe.cfg["model"], is_lora=is_lora,
                             model_dir=model_dir, dtype=recipe.dtype, config_updates=config_updates),
+        before_publish=recipe.logger.flush,  # never a checkpoint whose step has no rows in the tracker
     )  # fmt: skip
     recipe.logger.event(recipe.global_step, "checkpoint", str(path))
     return path

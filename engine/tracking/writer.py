@@ -214,7 +214,11 @@ class MetricLogger:
         self.flush()
 
     def flush(self) -> None:
-        """Hand over everything buffered and wait until it is written (prints the pending step line)."""
+        """Hand over everything buffered and wait until it is committed: on return every row logged
+        before the call is in SQLite, visible to any other connection and kept through a kill -9 (a
+        barrier, waiting for a write lock held elsewhere as long as it takes, up to 300 s). A recipe's
+        checkpoint is published only after it (`engine.checkpoint.recipe_state`). Prints the pending
+        step line. Raises `TrackerError` when the rows could not be written in time."""
         _safe_point()
         self._flush(_FLUSH_TIMEOUT_S)
 
