@@ -262,13 +262,18 @@ def launch(
             raise UserError(
                 f"run {run.name} is already {run.status}: stop it first (tunebench stop {run.name})"
             )
+        out = run_folder(run)  # before the row changes: a folder that is gone is one line, nothing else
+        try:
+            run_manifest.record(out, "supervisor.log")
+        except OSError as exc:
+            raise UserError(
+                f"run {run.name}: cannot write into {out} ({exc.strerror or exc}): free space or fix its rights"
+            ) from None
         # queue_pos=None: a run launched by hand (or by the scheduler) no longer waits in the run queue
         update_run(
             run.id, db=db, status="queued", stop_requested=False, exit_code=None, error=None, ended_at=None,
             pid=None, pgid=None, supervisor_pid=None, supervisor_started=None, queue_pos=None,
         )  # fmt: skip
-    out = run_folder(run)
-    run_manifest.record(out, "supervisor.log")
     env = dict(os.environ, TUNEBENCH_HOME=str(tunebench_home()), **(extra_env or {}))
     with open_db() as db:  # the allow-list widening the run was registered with, not this process's
         env = component_grants.launch_env(env, run.id, db=db)

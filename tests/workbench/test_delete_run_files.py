@@ -201,3 +201,16 @@ def test_the_manifest_command_of_the_job_script_records_and_never_fails(tunebenc
         "data",
         "notes.txt",
     ]
+
+
+def test_launch_into_a_users_folder_that_is_gone_is_one_line_and_no_folder_is_made(tunebench_home, tmp_path):
+    import shutil
+
+    folder = _users_folder(tmp_path)
+    rec = _registered(output_dir=folder)
+    shutil.rmtree(folder)
+    with pytest.raises(UserError, match=f"its folder {folder} is gone; start it over with `tunebench clone"):
+        launcher.launch(rec.id)
+    assert not folder.exists()  # not re-created (nor set to 0700): it was the user's
+    with open_db() as db:
+        assert readers.get_run(rec.id, db=db).status == "completed"  # the row is as it was
