@@ -238,6 +238,8 @@ class DPORecipe:
         )
         with torch.no_grad():
             kl_policy = token_logprobs(self.model, kl_tokens, kl_labels).sum(1)
+            # a fresh context: LoRA's disable-adapters context was spent on ref_logps (enters once)
+            ref_model, ctx = reference_context(self.model, self.reference)
             with ctx:
                 kl_ref = token_logprobs(ref_model, kl_tokens, kl_labels).sum(1)
         desirable = torch.arange(2 * B, device=logps.device) < B

@@ -114,9 +114,13 @@ def linear_schedule_with_warmup(
 
 
 def constant_schedule_with_warmup(
-    optimizer: Optimizer, num_warmup_steps: int = 0, last_epoch: int = -1
+    optimizer: Optimizer,
+    num_warmup_steps: int = 0,
+    num_training_steps: int | None = None,
+    last_epoch: int = -1,
 ) -> LambdaLR:
-    """Linear warmup, then the base lr for good.
+    """Linear warmup, then the base lr for good. `num_training_steps` is accepted and unused (a constant
+    schedule has no end), so recipes pass it to every schedule alike.
 
     Raises:
         ConfigError: negative warmup.
