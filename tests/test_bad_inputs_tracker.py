@@ -434,6 +434,32 @@ def test_a_0444_database_as_a_normal_user():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_read_only_mount_of_the_home(tracker, tunebench_home):
+    """The filesystem case for real: TUNEBENCH_HOME bind-mounted read-only in a private mount namespace
+    (root only; skipped where the sandbox forbids mounts)."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        pytest.skip("a read-only mount needs root and unshare(1)")
+    home = str(tunebench_home)
+    mount = f"mount --bind {home} {home} && mount -o remount,bind,ro {home}"
+    probe = subprocess.run([unshare, "-m", "sh", "-c", f"{mount} && ! touch {home}/probe 2>/dev/null"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount here: {probe.stderr.strip() or 'the probe could write'}")
+    env = dict(os.environ, TUNEBENCH_HOME=home)
+    before = _tree(tunebench_home), _rows(tunebench_home)
+    for argv in ("queue resume", f"run sft --config {DEMO} --queue", "queue cancel waiting"):
+        proc = subprocess.run([unshare, "-m", "sh", "-c", f"{mount} && exec {sys.executable} -m workbench.cli {argv}"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, (
+            argv,
+            proc.stderr,
+        )
+        assert f"{home}/tunebench.db: the tracker database is read-only" in lines[0], lines[0]
+    assert (_tree(tunebench_home), _rows(tunebench_home)) == before
+
+
 # -- export-model's folder, queue move's ends -------------------------------------------------------------
 def _model_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
