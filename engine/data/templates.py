@@ -10,12 +10,13 @@ preference data), not part of the template.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from engine.data.data_errors import DataError
-from engine.data.messages import RowError, get_text
+from engine.data.messages import Message, RowError, get_text
 
 
 @runtime_checkable
@@ -23,11 +24,16 @@ class PromptTemplateInterface(Protocol):
     """What the instruct/preference builders need from a template.
 
     `fields`: the row columns the template reads. `format(row) -> str`: the prompt text.
+    `__call__(messages, inference=False) -> list[Message]`: the same template applied to a conversation,
+    as torchtune's `PromptTemplateInterface` is (each user turn's text put into the template; the
+    messages' texts back to back are then `format`'s prompt followed by the answer).
     """
 
     fields: tuple[str, ...]
 
     def format(self, row: Mapping[str, Any]) -> str: ...
+
+    def __call__(self, messages: list[Message], inference: bool = False) -> list[Message]: ...
 
 
 def template_fields(template: str) -> tuple[str, ...]:
@@ -75,6 +81,34 @@ class InstructTemplate:
                 values[f] = get_text(row, f)
         return self.template.format(**values)
 
+    @property
+    def message_field(self) -> str:
+        """The field a user turn's text fills when the template is called on messages: the only
+        required field (or, with none required, the first field).
+
+        Raises:
+            DataError: the template reads two or more required fields (one turn cannot fill them).
+        """
+        required = [f for f in self.fields if f not in self.optional]
+        if len(required) > 1:
+            raise DataError(
+                f"{self!r} reads {', '.join(required)}: a user message fills one field; "
+                "call format(row) with every field instead"
+            )
+        if not required and not self.fields:
+            raise DataError(f"{self!r} reads no field: there is nowhere to put a user message")
+        return required[0] if required else self.fields[0]
+
+    def __call__(self, messages: list[Message], inference: bool = False) -> list[Message]:
+        """torchtune's `PromptTemplateInterface`: every user message's text put into the template
+        (`format({message_field: text})`); other messages as they are (new `Message`s, masks kept).
+        `inference` is accepted for the interface: a plain template adds no assistant header."""
+        field = self.message_field if any(m.role == "user" for m in messages) else None
+        return [
+            dataclasses.replace(m, content=self.format({field: m.content})) if m.role == "user" else m
+            for m in messages
+        ]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.template!r})"
 
@@ -117,6 +151,11 @@ class AlpacaInstructTemplate(InstructTemplate):
     def __init__(self):
         super().__init__(ALPACA_WITH_INPUT, optional=("input",))
 
+    @property
+    def message_field(self) -> str:
+        """A user message is the instruction (the no-input prompt)."""
+        return "instruction"
+
     def format(self, row: Mapping[str, Any]) -> str:
         instruction = get_text(row, "instruction")
         extra = row.get("input") or ""
@@ -147,6 +186,25 @@ class ChatMLTemplate(InstructTemplate):
         self.system_prompt = system_prompt
         system = "" if system_prompt is None else f"<|im_start|>system\n{_literal(system_prompt)}<|im_end|>\n"
         super().__init__(system + "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n")
+
+    def __call__(self, messages: list[Message], inference: bool = False) -> list[Message]:
+        """Each message wrapped in its ChatML turn, as torchtune's `ChatMLTemplate` does: system and
+        user ``<|im_start|>{role}\n{text}<|im_end|>\n``, assistant ``<|im_start|>assistant\n{text}``
+        (the plain layout's EOS ends the answer, as with `format`); `system_prompt` first unless the
+        conversation has its own system turn; `inference` with no assistant turn last adds the empty
+        assistant header to generate from. The texts back to back are `format`'s prompt + the answer."""
+        messages = list(messages)
+        if self.system_prompt is not None and not (messages and messages[0].role == "system"):
+            messages.insert(0, Message("system", self.system_prompt, masked=True))
+        out = []
+        for m in messages:
+            if m.role == "assistant":
+                out.append(dataclasses.replace(m, content=f"<|im_start|>assistant\n{m.content}"))
+            else:
+                out.append(dataclasses.replace(m, content=f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n"))
+        if inference and (not out or out[-1].role != "assistant"):
+            out.append(Message("assistant", "<|im_start|>assistant\n", masked=True))
+        return out
 
     def __repr__(self) -> str:
         return f"ChatMLTemplate({self.system_prompt!r})"
