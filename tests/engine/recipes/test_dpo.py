@@ -17,12 +17,21 @@ TINY = {
 }  # fmt: skip
 
 
+# The demo pairs laid out as plain text whatever the tokenizer folder holds: the shared assets'
+# SmolLM2 is a bare tokenizer.json, a bare clone's stand-in (rebuilt from the demo GGUF, see conftest.py
+# `repo_assets`) carries SmolLM2's chat template and EOS, whose system prompt pushed the answers past
+# max_seq_len 80, so half the pairs were cut to chosen == rejected. 128 holds every pair in full (the
+# longest is 92 tokens), where chosen and rejected differ: in their final results.
+DEMO_PAIRS = {"_component_": "engine.data.demo_preference_dataset", "max_seq_len": 128, "chat_format": None,
+              "cache": False}  # fmt: skip
+
+
 def dpo_config(assets, out, **over):
     cfg = {
         "output_dir": str(out), "seed": 0, "device": "cpu", "dtype": "fp32", "checkpoint_dir": None,
         "model": copy.deepcopy(TINY),
         "tokenizer": {"_component_": "engine.data.tokenizers.load_tokenizer", "path": str(assets / "tokenizers" / "smollm2")},
-        "dataset": {"_component_": "engine.data.demo_preference_dataset", "n": 8, "max_seq_len": 80, "cache": False},
+        "dataset": DEMO_PAIRS | {"n": 8},
         "batch_size": 4, "gradient_accumulation_steps": 1, "epochs": 4,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-3},
         "loss": {"_component_": "engine.modules.loss.DPOLoss", "beta": 0.1},
@@ -64,7 +73,7 @@ def test_lora_dpo_uses_the_adapter_free_base_as_reference(shared_assets, tmp_pat
         "_component_": "engine.models.llama3.lora_llama3", "lora_rank": 8, "lora_alpha": 16,
         "lora_attn_modules": ["q_proj", "v_proj", "output_proj"], "apply_lora_to_mlp": True,
     }  # fmt: skip
-    data = {"_component_": "engine.data.demo_preference_dataset", "n": 4, "max_seq_len": 80, "cache": False}
+    data = DEMO_PAIRS | {"n": 4}
     cfg = dpo_config(shared_assets, tmp_path, model=model, epochs=3, dataset=data,
                      optimizer={"_component_": "torch.optim.AdamW", "lr": 1e-2})  # fmt: skip
     recipe = run(cfg)

@@ -17,7 +17,11 @@ def kd_config(assets, out, **over):
         "teacher_checkpoint_dir": None,
         "teacher_model": BASE | {"num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "intermediate_dim": 128},
         "tokenizer": {"_component_": "engine.data.tokenizers.load_tokenizer", "path": str(assets / "tokenizers" / "smollm2")},
-        "dataset": {"_component_": "engine.data.demo_dataset", "n": 8, "max_seq_len": 48, "cache": False},
+        # Plain text whatever the tokenizer folder holds (a bare clone's stand-in SmolLM2 has a chat
+        # template; its system prompt and the question took up to 55 of the 48 tokens: "leaves no token
+        # to train on").
+        "dataset": {"_component_": "engine.data.demo_dataset", "n": 8, "max_seq_len": 48, "chat_format": None,
+                    "cache": False},
         "batch_size": 2, "gradient_accumulation_steps": 2, "epochs": 4,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-2},
         "loss": {"_component_": "engine.modules.loss.KDLoss", "kind": "forward", "kd_ratio": 0.9, "chunk_size": 64},
