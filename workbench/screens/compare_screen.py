@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Static
 
 from workbench import services
 from workbench.config_diff import config_diff
@@ -24,6 +24,7 @@ from workbench.ui_messages import CompareLoaded, WorkFailed
 from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.runs_table import format_duration
+from workbench.widgets.title_header import TitleHeader
 
 METRICS = ("loss", "lr", "tokens_per_sec", "mem_peak_gb", "grad_norm")
 NO_CURVE: tuple = ((), ())  # a run without this metric (one object, so cached frames match)
@@ -114,7 +115,7 @@ class CompareScreen(Screen):
         self.evals: dict[str, list[dict[str, Any]]] = {}  # run id -> eval rows (step, task, metric, value)
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         with Horizontal(id="compare-top"):
             yield MetricPlot("loss", id="compare-plot")
         yield DataTable(id="summary", cursor_type="none")

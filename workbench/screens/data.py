@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Select
+from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select
 
 from workbench import services
 from workbench.data_mix import (
@@ -29,6 +29,7 @@ from workbench.data_mix import (
 from workbench.errors import UserError
 from workbench.ui_messages import PreviewReady
 from workbench.widgets.sample_preview import SamplePreview
+from workbench.widgets.title_header import TitleHeader
 
 
 class DataScreen(Screen):
@@ -80,7 +81,7 @@ class DataScreen(Screen):
         self.sample_index = 0
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         with Horizontal():
             with VerticalScroll(id="data-form"):
                 yield Label("kind")

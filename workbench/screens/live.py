@@ -19,7 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Label
+from textual.widgets import Footer, Label
 
 from workbench import services
 from workbench.commands.export_model import TYPES as GGUF_TYPES
@@ -30,6 +30,7 @@ from workbench.widgets.eval_table import EvalTable
 from workbench.widgets.log_tail import LogTail
 from workbench.widgets.metric_plot import MetricPlot
 from workbench.widgets.run_progress import RunProgress
+from workbench.widgets.title_header import TitleHeader
 
 # Plot id -> (title, metric names drawn in it; per-rank metrics get one curve per rank)
 PLOTS = {
@@ -108,7 +109,7 @@ class LiveRunScreen(Screen):
         self._step_times: deque[tuple[int, float]] = deque(maxlen=30)  # recent (step, time) for the ETA
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         yield Label(f"run {self.run_id}", id="run-title")
         yield RunProgress()
         with Grid(id="plots"):

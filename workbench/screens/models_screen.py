@@ -13,11 +13,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
+from textual.widgets import DataTable, Footer, Label, ProgressBar
 
 from workbench import services
 from workbench.screens.confirm import TextPromptScreen
 from workbench.ui_messages import CardsLoaded, DownloadDone, DownloadProgress, WorkFailed
+from workbench.widgets.title_header import TitleHeader
 
 DEMO_LABEL = "smollm2-135m-instruct"  # engine.models.demo_model.DEMO_NAME
 
@@ -77,7 +78,7 @@ class ModelsScreen(Screen):
     """
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         yield DataTable(id="cards", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="local", cursor_type="row", zebra_stripes=True)
         yield ProgressBar(total=None, id="download-bar", show_eta=True)

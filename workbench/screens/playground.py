@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Input
 
 from workbench.chat_models import SPEC_HELP, SamplingSettings, load_chat_model, one_line, resolve_chat_source
 from workbench.errors import UserError
@@ -28,6 +28,7 @@ from workbench.screens.confirm import TextPromptScreen
 from workbench.ui_messages import ChatModelFailed, ChatModelLoaded, ReplyChunk, ReplyDone, ReplyFailed
 from workbench.widgets.chat_column import ChatColumn
 from workbench.widgets.sampling_controls import SamplingControls
+from workbench.widgets.title_header import TitleHeader
 
 COLUMNS = 2
 
@@ -68,7 +69,7 @@ class PlaygroundScreen(Screen):
         self._stop = threading.Event()
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         with Horizontal(id="chat-columns"):
             for i in range(COLUMNS):
                 yield ChatColumn(id=f"chat-{i}")

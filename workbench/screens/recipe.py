@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Footer, Input, Label, Select, Static
 
 from workbench import services
 from workbench.errors import UserError
@@ -58,6 +58,7 @@ from workbench.ui_messages import (
 )
 from workbench.widgets.memory_panel import MemoryPanel
 from workbench.widgets.mesh_form import MeshForm, mesh_line
+from workbench.widgets.title_header import TitleHeader
 from workbench.widgets.yaml_view import YamlView
 
 DEFAULT_CONFIG = "demo/smollm2_135m_lora"  # the embedded demo: opens first when no config is given
@@ -192,7 +193,7 @@ class RecipeScreen(Screen):
         self.time_estimate: Any = None  # the last TimeEstimate shown (None: none yet or none possible)
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         with Horizontal():
             with VerticalScroll(id="form"):
                 yield Select([], prompt="built-in config", id="config-select", allow_blank=True, compact=True)

@@ -14,13 +14,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Label, Static
+from textual.widgets import Footer, Input, Label, Static
 
 from workbench import run_queue, services
 from workbench.commands.export_model import TYPES as GGUF_TYPES
 from workbench.screens.confirm import ChoiceScreen, ConfirmScreen, TextPromptScreen, TypedConfirmScreen
 from workbench.ui_messages import ModelExported, RunActionDone, RunsLoaded, WorkFailed
 from workbench.widgets.runs_table import COLUMNS, RunsTable
+from workbench.widgets.title_header import TitleHeader
 
 SORTABLE = [key for key, _ in COLUMNS if key != "mark"]
 FIRST_RUN = (
@@ -69,7 +70,7 @@ class RunsScreen(Screen):
     ]
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         yield Input(placeholder="filter: words in name, status, recipe, model, tags", id="filter")
         yield Static(FIRST_RUN, id="first-run")
         yield RunsTable(id="runs")

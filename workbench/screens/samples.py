@@ -9,10 +9,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Label, Static
+from textual.widgets import DataTable, Footer, Label, Static
 
 from workbench import services
 from workbench.ui_messages import SamplesLoaded, WorkFailed
+from workbench.widgets.title_header import TitleHeader
 
 
 def one_line(text: Any, width: int) -> str:
@@ -53,7 +54,7 @@ class SamplesScreen(Screen):
         self.rows: list[dict[str, Any]] = []
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleHeader()
         yield Label(f"samples of run {self.run_id} (newest first)", id="samples-title")
         table = DataTable(cursor_type="row", zebra_stripes=True)
         table.add_columns("step", "reward", "prompt", "completion", "answer")
