@@ -155,5 +155,5 @@ def test_bad_templates():
 def test_template_names_resolve_or_explain():
     with pytest.raises(DataError, match="unknown template 'Alpaca'; use one of AlpacaInstructTemplate"):
         resolve_template("Alpaca")
-    with pytest.raises(ConfigError, match="not under an allowed prefix"):
+    with pytest.raises(ConfigError, match="not on the allow-list of components"):
         resolve_template("mypkg.templates.Custom")  # other packages go through engine.config's allow-list
