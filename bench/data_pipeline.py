@@ -1,6 +1,7 @@
 """Data pipeline throughput: tokenisation (rows -> ids + loss masks) and packing, in samples/s.
 
     .venv/bin/python bench/data_pipeline.py [--repeats 3] [--tokenizer llama3] [--max-seq-len 2048]
+        [--datasets alpaca-cleaned-1k,gsm8k-train] [--encode-threads auto,1]
 
 Datasets: alpaca-cleaned-1k (Alpaca template) and GSM8K train (7,473 rows, question/answer template)
 from ../shared/assets/data. Rows are read once; each timed run tokenizes them again with the cache off.
@@ -11,7 +12,10 @@ and by CPU time of the process (all its threads), the steadier figure on a share
 Every sample is checked: ids = [BOS] + the HF encoding of the same string + [EOS], and the loss mask
 = the prompt-boundary method (encode the prompt alone, common prefix with the whole) — the number of
 rows where either differs is printed. Prints a Markdown table (medians over `--repeats` runs) and the
-packing efficiency (share of non-pad tokens).
+packing efficiency (share of non-pad tokens). `--encode-threads` lists the tokenizer's
+`encode_threads` settings to time ("auto" = one per usable CPU, up to 4), each interleaved with the
+others and with the HF encode; one table row per setting. The machine line (CPU, flags, load average)
+is printed before and after the runs.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # machine_info
 ASSETS = REPO.parent / "shared" / "assets"
 
 
@@ -67,7 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default="llama3", help="folder name under ../shared/assets/tokenizers")
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--num-proc", type=int, default=1, help="instruct_dataset's worker processes")
+    ap.add_argument("--datasets", default="alpaca-cleaned-1k,gsm8k-train", help="comma-separated names")
+    ap.add_argument(
+        "--encode-threads", default="auto", help="comma-separated encode_threads settings: auto or a number"
+    )
     args = ap.parse_args(argv)
+    try:
+        settings = [None if t.strip() == "auto" else int(t) for t in args.encode_threads.split(",")]
+    except ValueError:
+        print(f"--encode-threads: expected e.g. auto,1; got {args.encode_threads!r}", file=sys.stderr)
+        return 2
     if not ASSETS.is_dir():
         print(
             f"bench/data_pipeline.py: {ASSETS} is absent; the benchmark needs the shared assets",
@@ -75,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    from machine_info import machine_line
     from transformers import AutoTokenizer
 
     from engine.data import PackedDataset, instruct_dataset
@@ -92,53 +107,73 @@ def main(argv: list[str] | None = None) -> int:
         ("alpaca-cleaned-1k", ASSETS / "data/alpaca_data_cleaned_1000.json", AlpacaInstructTemplate(), {}),
         ("gsm8k-train", ASSETS / "data/gsm8k_train.jsonl", QuestionAnswerTemplate(), {"output": "answer"}),
     ]
+    wanted = [n.strip() for n in args.datasets.split(",")]
+    unknown = sorted(set(wanted) - {name for name, *_ in sets})
+    if unknown:
+        print(
+            f"--datasets: unknown {', '.join(unknown)}; choose from alpaca-cleaned-1k, gsm8k-train",
+            file=sys.stderr,
+        )
+        return 2
+    sets = [s for s in sets if s[0] in wanted]
+    start_line = machine_line()
     lines = [
         f"Tokenizer: {args.tokenizer} ({'tiktoken encoder' if fast else 'tokenizers library'}, one-time set-up "
         f"{setup_s:.2f} s); pack length {args.max_seq_len}; num_proc {args.num_proc}; medians of {args.repeats} runs.",
+        f"Before: {start_line}",
         "",
-        "| dataset | rows | tokens | tokenize (samples/s) | HF batch encode, ids only (samples/s) | ratio (wall) "
-        "| ratio (CPU time) | ids = HF | masks = prefix method | pack (samples/s) | packing efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | encode_threads | rows | tokens | tokenize (samples/s) | HF batch encode, ids only (samples/s) "
+        "| ratio (wall) | ratio (CPU time) | ids = HF | masks = prefix method | pack (samples/s) "
+        "| packing efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path, template, cmap in sets:
         rows = load_rows(str(path))
         out_col = cmap.get("output", "output")
         prompts = [template.format(r) for r in rows]
         texts = [p + r[out_col] for p, r in zip(prompts, rows)]
-        t_tok, t_hf, c_tok, c_hf = [], [], [], []
-        for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
-            c0, t0 = time.process_time(), time.perf_counter()
-            ds = instruct_dataset(
-                tok,
-                source=rows,
-                template=template,
-                column_map=cmap or None,
-                cache=False,
-                num_proc=args.num_proc,
-            )
-            t_tok.append(time.perf_counter() - t0)
-            c_tok.append(time.process_time() - c0)
+        t_tok = {t: [] for t in settings}
+        c_tok = {t: [] for t in settings}
+        t_hf, c_hf, built = [], [], {}
+        for _ in range(args.repeats):  # interleaved, so every side sees the same machine load
+            for threads in settings:
+                tok.encode_threads = threads
+                c0, t0 = time.process_time(), time.perf_counter()
+                built[threads] = instruct_dataset(
+                    tok,
+                    source=rows,
+                    template=template,
+                    column_map=cmap or None,
+                    cache=False,
+                    num_proc=args.num_proc,
+                )
+                t_tok[threads].append(time.perf_counter() - t0)
+                c_tok[threads].append(time.process_time() - c0)
             c0, t0 = time.process_time(), time.perf_counter()
             hf_ids = hf(texts, add_special_tokens=False)["input_ids"]
             t_hf.append(time.perf_counter() - t0)
             c_hf.append(time.process_time() - c0)
-        t_tok, t_hf = statistics.median(t_tok), statistics.median(t_hf)
-        c_ratio = statistics.median(c_hf) / statistics.median(c_tok)
+        med_hf, med_c_hf = statistics.median(t_hf), statistics.median(c_hf)
         bos = [tok.bos_id] if tok.adds_bos else []
-        ids_bad = sum(ds[i]["tokens"] != bos + hf_ids[i] + [tok.eos_id] for i in range(len(rows)))
-        mask_bad = sum(
-            ds.mask(i) != _prefix_mask(tok, prompt, ids, len(bos))
-            for i, (prompt, ids) in enumerate(zip(prompts, hf_ids))
-        )
-        t_pack, packed = _median_time(
-            lambda ds=ds: PackedDataset(ds, max_seq_len=args.max_seq_len), args.repeats
-        )
         n = len(rows)
-        lines.append(
-            f"| {name} | {n} | {int(ds.lengths.sum())} | {n / t_tok:,.0f} | {n / t_hf:,.0f} | {t_hf / t_tok:.2f}x "
-            f"| {c_ratio:.2f}x "
-            f"| {n - ids_bad}/{n} | {n - mask_bad}/{n} | {n / t_pack:,.0f} | {packed.efficiency:.3f} |"
-        )
+        for threads in settings:
+            ds = built[threads]
+            med_tok = statistics.median(t_tok[threads])
+            c_ratio = med_c_hf / statistics.median(c_tok[threads])
+            ids_bad = sum(ds[i]["tokens"] != bos + hf_ids[i] + [tok.eos_id] for i in range(len(rows)))
+            mask_bad = sum(
+                ds.mask(i) != _prefix_mask(tok, prompt, ids, len(bos))
+                for i, (prompt, ids) in enumerate(zip(prompts, hf_ids))
+            )
+            t_pack, packed = _median_time(
+                lambda ds=ds: PackedDataset(ds, max_seq_len=args.max_seq_len), args.repeats
+            )
+            lines.append(
+                f"| {name} | {'auto' if threads is None else threads} | {n} | {int(ds.lengths.sum())} "
+                f"| {n / med_tok:,.0f} | {n / med_hf:,.0f} | {med_hf / med_tok:.2f}x | {c_ratio:.2f}x "
+                f"| {n - ids_bad}/{n} | {n - mask_bad}/{n} | {n / t_pack:,.0f} | {packed.efficiency:.3f} |"
+            )
+    lines += ["", f"After: {machine_line()}"]
     print("\n".join(lines))
     print(
         json.dumps({"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0], "cpu": _cpu_flags()})

@@ -149,6 +149,9 @@ _WORKER: dict[str, Any] = {}  # per worker process: the converter etc., sent onc
 
 
 def _init_worker(column_map, convert, filter_fn, skip_blank, stop_at_bad) -> None:
+    tok = getattr(convert, "tokenizer", None)
+    if tok is not None and hasattr(tok, "encode_threads") and tok.encode_threads is None:
+        tok.encode_threads = 1  # the worker processes already spread the rows over the CPUs
     _WORKER.update(
         column_map=column_map, convert=convert, filter_fn=filter_fn, skip_blank=skip_blank, stop=stop_at_bad
     )

@@ -7,16 +7,19 @@ on its own, unless `tokenizer_config.json` sets `add_bos_token` -- except for th
 `tokenizer.json` converted without the BOS post-processor still prepends it.
 
 `encode_spans` (many texts, with each token's character span) runs on tiktoken when the file is
-rank BPE (see `rank_bpe`), else on the library's batch encoder.
+rank BPE (see `rank_bpe`), on `encode_threads` threads (`threaded_encode`), else on the library's
+batch encoder.
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from pathlib import Path
 
 from engine.data.tokenizers.base import Tokenizer
 from engine.data.tokenizers.hf_side_files import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.threaded_encode import EncodeHelpers, encode_chunks, resolve_threads
 from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 LLAMA3_BOS = "<|begin_of_text|>"
@@ -65,6 +68,10 @@ class HFTokenizer(Tokenizer):
         self._path = path
         self._rank_bpe = None  # (tiktoken Encoding, TokenOffsets, special regex, ids) or False
         self._seen = 0  # texts encode_spans has encoded
+        # Threads `encode_spans` encodes on (tiktoken path): None = one per usable CPU, up to 4.
+        self.encode_threads: int | None = None
+        self._rank_bpe_spec = None  # rank_bpe.EncodingSpec: builds the helper threads' encoders
+        self._encode_helpers: EncodeHelpers | None = None
         self._setup_specials(files, bos=bos, eos=eos, adds_bos=adds_bos, file_adds_bos=file_adds_bos)
 
     def _encode_plain(self, text: str) -> list[int]:
@@ -89,29 +96,50 @@ class HFTokenizer(Tokenizer):
         fast = self._fast_encoder() if self._seen >= FAST_AFTER else False
         if fast:
             enc, offsets, special_re, special_ids = fast
-            # Special-token strings split the text (as the library's added-token matching does);
-            # the pieces between them are encoded by `encode_ordinary` one after another (half the CPU
-            # of `encode` with `allowed_special`, and of tiktoken's thread-pool batch; spread rows
-            # over processes with num_proc instead).
-            splits = [special_re.split(text) for text in texts]
-            encode = enc.encode_ordinary
-            encoded = iter([encode(p) for parts in splits for p in parts[::2] if p])
-            out = []
-            for text, parts in zip(texts, splits):
-                ids: list[int] = []
-                for k, part in enumerate(parts):
-                    if k % 2:
-                        ids.append(special_ids[part])
-                    elif part:
-                        ids += next(encoded)
-                starts, ends = offsets.spans(text, ids)
-                out.append((ids, starts, ends))
-            return out
+
+            def encode_chunk(encoder, chunk: list[str]) -> list[list[int]]:
+                # Special-token strings split the text (as the library's added-token matching does);
+                # the pieces between them go to `encode_ordinary` (half the CPU of `encode` with
+                # `allowed_special`).
+                encode, out = encoder.encode_ordinary, []
+                for text in chunk:
+                    parts = special_re.split(text)
+                    if len(parts) == 1:
+                        out.append(encode(text))
+                        continue
+                    ids: list[int] = []
+                    for k, part in enumerate(parts):
+                        if k % 2:
+                            ids.append(special_ids[part])
+                        elif part:
+                            ids += encode(part)
+                    out.append(ids)
+                return out
+
+            def spans(chunk: list[str], batch: list[list[int]]):
+                return [(ids, *offsets.spans(text, ids)) for text, ids in zip(chunk, batch)]
+
+            return encode_chunks(
+                texts, encode_chunk, spans, encoder=enc, helpers=self._helpers(), weight=sum(map(len, texts))
+            )
         out = []
         for e in self._tok.encode_batch(texts, add_special_tokens=False):
             offs = e.offsets
             out.append((e.ids, [a for a, _ in offs], [b for _, b in offs]))
         return out
+
+    def _helpers(self) -> EncodeHelpers | None:
+        """The helper threads of the tiktoken path (`encode_threads` - 1 of them), or None for one thread."""
+        threads = resolve_threads(self.encode_threads)
+        spec = self._rank_bpe_spec
+        if threads == 1 or spec is None:
+            return None
+        if self._encode_helpers is None or self._encode_helpers.count != threads - 1:
+            if self._encode_helpers is not None:
+                self._encode_helpers.close()
+            self._encode_helpers = EncodeHelpers(spec.build, threads - 1)
+            weakref.finalize(self, self._encode_helpers.close)
+        return self._encode_helpers
 
     def _maybe_rank_bpe(self) -> bool:
         """The cheap part of `rank_bpe_encoding`'s conditions, read from the loaded tokenizer, so
@@ -129,6 +157,7 @@ class HFTokenizer(Tokenizer):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_rank_bpe"] = None  # a worker process builds its own (the merge-scan verdict is on disk)
+        state["_rank_bpe_spec"] = state["_encode_helpers"] = None  # and its own threads
         return state
 
     def _fast_encoder(self):
@@ -138,13 +167,14 @@ class HFTokenizer(Tokenizer):
             import hashlib
             import json
 
-            from engine.data.tokenizers.rank_bpe import TokenOffsets, rank_bpe_encoding
+            from engine.data.tokenizers.rank_bpe import TokenOffsets, rank_bpe_spec
 
             raw = self._path.read_bytes()
             data = json.loads(raw)
-            enc = rank_bpe_encoding(data, hashlib.sha256(raw).hexdigest()[:32])
+            spec = rank_bpe_spec(data, hashlib.sha256(raw).hexdigest()[:32])
             self._rank_bpe = False
-            if enc is not None:
+            if spec is not None:
+                enc, self._rank_bpe_spec = spec.build(), spec
                 lengths = {i: len(t) for t, i in data["model"]["vocab"].items()}
                 lengths.update({a["id"]: len(a["content"].encode("utf-8")) for a in data["added_tokens"]})
                 special = {a["content"]: a["id"] for a in data["added_tokens"]}

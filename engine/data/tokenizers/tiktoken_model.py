@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import weakref
 from pathlib import Path
 
 from engine.data.tokenizers.base import Tokenizer
 from engine.data.tokenizers.hf_side_files import TokenizerFiles, read_tokenizer_files
+from engine.data.tokenizers.rank_bpe import EncodingSpec
+from engine.data.tokenizers.threaded_encode import EncodeHelpers, encode_chunks, resolve_threads
 from engine.data.tokenizers.tokenizer_errors import TokenizerError
 
 # Llama 3's pre-tokenizer split: contractions, letter runs, 1-3 digit groups, punctuation, newlines, spaces.
@@ -84,8 +87,6 @@ class TiktokenTokenizer(Tokenizer):
         special_tokens: dict[str, int] | None = None,
         files: TokenizerFiles | None = None,
     ):
-        import tiktoken
-
         path = Path(path)
         self.source = str(path)
         ranks = read_tiktoken_ranks(path)
@@ -94,13 +95,15 @@ class TiktokenTokenizer(Tokenizer):
             added = {c: i for i, c in files.added_tokens.items() if i >= len(ranks)}
             special_tokens = added or llama3_special_tokens(len(ranks))
         self._special = dict(special_tokens)
-        self._enc = tiktoken.Encoding(
-            name=path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self._special
-        )
+        self._spec = EncodingSpec(pattern, ranks, self._special, name=path.stem)
+        self._enc = self._spec.build()
         self._id_to_special = {i: s for s, i in self._special.items()}
         self._ranks = ranks
         self._id_to_bytes: dict[int, bytes] | None = None
         self._offsets = None  # TokenOffsets, built on the first encode_spans
+        # Threads `encode_spans` encodes on: None = one per usable CPU, up to 4 (`threaded_encode`).
+        self.encode_threads: int | None = None
+        self._encode_helpers: EncodeHelpers | None = None
         self._setup_specials(files, bos="<|begin_of_text|>", eos="<|end_of_text|>", adds_bos=True)
 
     def _encode_plain(self, text: str) -> list[int]:
@@ -114,8 +117,39 @@ class TiktokenTokenizer(Tokenizer):
             lengths = {i: len(b) for b, i in self._ranks.items()}
             lengths.update({i: len(s.encode("utf-8")) for s, i in self._special.items()})
             self._offsets = TokenOffsets(lengths)
-        batch = [self._encode_plain(text) for text in texts]
-        return [(ids, *self._offsets.spans(text, ids)) for text, ids in zip(texts, batch)]
+        offsets = self._offsets
+
+        def encode_chunk(encoder, chunk: list[str]) -> list[list[int]]:
+            return [encoder.encode(text, allowed_special="all", disallowed_special=()) for text in chunk]
+
+        def spans(chunk: list[str], batch: list[list[int]]):
+            return [(ids, *offsets.spans(text, ids)) for text, ids in zip(chunk, batch)]
+
+        return encode_chunks(
+            texts,
+            encode_chunk,
+            spans,
+            encoder=self._enc,
+            helpers=self._helpers(),
+            weight=sum(map(len, texts)),
+        )
+
+    def _helpers(self) -> EncodeHelpers | None:
+        """The helper threads (`encode_threads` - 1 of them, each with its own encoder), or None."""
+        threads = resolve_threads(self.encode_threads)
+        if threads == 1:
+            return None
+        if self._encode_helpers is None or self._encode_helpers.count != threads - 1:
+            if self._encode_helpers is not None:
+                self._encode_helpers.close()
+            self._encode_helpers = EncodeHelpers(self._spec.build, threads - 1)
+            weakref.finalize(self, self._encode_helpers.close)
+        return self._encode_helpers
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_encode_helpers"] = None  # threads do not travel; the copy starts its own
+        return state
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:

@@ -1,0 +1,133 @@
+"""Threaded encoding (`threaded_encode`): the same ids, spans and masks as one thread, in the same
+order, every time -- on the real Llama 3 file and Alpaca rows, and with a stand-in encoder that forces
+a helper thread to take chunks."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as RustTokenizer
+
+from engine.data import AlpacaInstructTemplate, instruct_dataset
+from engine.data.tokenizers import load_tokenizer
+from engine.data.tokenizers.threaded_encode import CHUNK, EncodeHelpers, encode_chunks, resolve_threads
+
+WAIT_S = 120  # generous: the machine may be loaded
+
+
+def _alpaca_texts(data_dir) -> tuple[list[dict], list[str]]:
+    rows = json.loads((data_dir / "alpaca_data_cleaned_1000.json").read_text())
+    template = AlpacaInstructTemplate()
+    return rows, [template.format(r) + r["output"] for r in rows]
+
+
+def test_threaded_spans_equal_one_thread_and_library(tok_dir, data_dir):
+    tok = load_tokenizer(tok_dir / "llama3")
+    rows, texts = _alpaca_texts(data_dir)
+    texts = texts + ["<|begin_of_text|>x<|eot_id|> ünï 🤗"] * 3  # special-token strings split the text
+    tok.encode_threads = 1
+    one = tok.encode_spans(texts)
+    tok.encode_threads = 2
+    runs = [tok.encode_spans(texts) for _ in range(3)]
+    assert all(run == one for run in runs)  # identical and deterministic
+    ref = RustTokenizer.from_file(str(tok_dir / "llama3" / "tokenizer.json"))
+    for (ids, starts, ends), want in zip(one, ref.encode_batch(texts, add_special_tokens=False)):
+        assert ids == want.ids and list(zip(starts, ends)) == want.offsets
+
+
+def test_threaded_dataset_equals_one_thread(tok_dir, data_dir):
+    tok = load_tokenizer(tok_dir / "llama3")
+    rows, _ = _alpaca_texts(data_dir)
+    built = []
+    for threads in (1, 2, None, 2):
+        tok.encode_threads = threads
+        ds = instruct_dataset(tok, source=rows, template=AlpacaInstructTemplate(), cache=False)
+        built.append((ds._flat.tokens, ds._flat.mask, ds._flat.offsets))
+    for tokens, mask, offsets in built[1:]:
+        np.testing.assert_array_equal(tokens, built[0][0])
+        np.testing.assert_array_equal(mask, built[0][1])
+        np.testing.assert_array_equal(offsets, built[0][2])
+
+
+class _Recorder:
+    """Stand-in encoder: "encodes" a text as its characters' code points and records which thread
+    did each chunk. The calling thread's first chunk waits until a helper has taken one, so the
+    helper's part of the work is certain, not left to the scheduler."""
+
+    def __init__(self, name: str, helper_took: threading.Event):
+        self.name, self.helper_took = name, helper_took
+        self.chunks: list[str] = []
+
+    def encode(self, chunk: list[str]) -> list[list[int]]:
+        if self.name == "helper":
+            self.helper_took.set()
+        elif not self.chunks:
+            assert self.helper_took.wait(WAIT_S), "no helper thread took a chunk"
+        self.chunks.append(chunk[0])
+        return [[ord(c) for c in text] for text in chunk]
+
+
+def test_encode_chunks_keeps_order_with_helpers():
+    texts = [f"text {i} " * (i % 7 + 1) for i in range(10 * CHUNK + 5)]
+    took = threading.Event()
+    helper_encoders: list[_Recorder] = []
+
+    def make():
+        rec = _Recorder("helper", took)
+        helper_encoders.append(rec)
+        return rec
+
+    helpers = EncodeHelpers(make, count=1)
+    main = _Recorder("main", took)
+    want = [(t, [ord(c) for c in t]) for t in texts]
+    got = encode_chunks(
+        texts,
+        lambda enc, chunk: enc.encode(chunk),
+        lambda chunk, enc: list(zip(chunk, enc)),
+        encoder=main,
+        helpers=helpers,
+    )
+    assert got == want
+    assert helper_encoders[0].chunks and main.chunks  # both threads encoded some chunks
+    assert len(helper_encoders[0].chunks) + len(main.chunks) == -(-len(texts) // CHUNK)  # each chunk once
+    helpers.close()
+
+
+def test_encode_chunks_raises_a_helpers_error():
+    def make():
+        class Broken:
+            def encode(self, chunk):
+                raise RuntimeError("helper failed")
+
+        return Broken()
+
+    helpers = EncodeHelpers(make, count=1)
+    gate = threading.Event()
+
+    class Main:
+        def encode(self, chunk):
+            gate.wait(WAIT_S)  # hold the calling thread until the helper has failed
+            return [[0] for _ in chunk]
+
+    def encode(enc, chunk):
+        if isinstance(enc, Main):
+            return enc.encode(chunk)
+        try:
+            return enc.encode(chunk)
+        finally:
+            gate.set()
+
+    with pytest.raises(RuntimeError, match="helper failed"):
+        encode_chunks(["x"] * (4 * CHUNK), encode, lambda chunk, e: list(e), encoder=Main(), helpers=helpers)
+    helpers.close()
+
+
+def test_encode_threads_setting():
+    assert resolve_threads(3) == 3
+    assert 1 <= resolve_threads(None) <= 4
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="encode_threads"):
+            resolve_threads(bad)
