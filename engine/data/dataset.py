@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 import numpy as np
@@ -415,7 +415,7 @@ class PreferenceDataset(OneSourceDataset):
 
 def _trained(ids_mask: tuple[list[int], list[bool]], what: str) -> tuple[list[int], list[bool]]:
     ids, mask = ids_mask
-    if len(ids) < 2 or all(mask[1:]):
+    if len(ids) < 2 or False not in islice(mask, 1, None):
         raise RowError(what, "leaves no token to train on (raise max_seq_len or check train_on_input)")
     return ids, mask
 

@@ -69,12 +69,17 @@ def _mask_by_prefix(tokenizer, parts: list[tuple[str, bool]], ids: list[int]) ->
 
 
 def _finish(tokenizer, unit: Unit, ids: list[int], mask: list[bool]) -> tuple[list[int], list[bool]]:
+    """`ids`/`mask` with BOS (exactly once) and EOS added as `unit` says; new lists, one copy each."""
     bos = getattr(tokenizer, "bos_id", None)
-    if unit.bos and bos is not None and not (ids and ids[0] == bos):  # BOS exactly once
-        ids, mask = [bos, *ids], [True, *mask]
-    if unit.eos and tokenizer.eos_id is not None:
-        ids, mask = [*ids, tokenizer.eos_id], [*mask, unit.eos_masked]
-    return ids, mask
+    head = unit.bos and bos is not None and not (ids and ids[0] == bos)
+    tail = unit.eos and tokenizer.eos_id is not None
+    if head and tail:
+        return [bos, *ids, tokenizer.eos_id], [True, *mask, unit.eos_masked]
+    if head:
+        return [bos, *ids], [True, *mask]
+    if tail:
+        return [*ids, tokenizer.eos_id], [*mask, unit.eos_masked]
+    return list(ids), mask
 
 
 def encode_units(tokenizer, units: list[Unit]) -> list[tuple[list[int], list[bool]]]:
@@ -88,7 +93,7 @@ def encode_units(tokenizer, units: list[Unit]) -> list[tuple[list[int], list[boo
         spans = dict(zip(todo, tokenizer.encode_spans([texts[i] for i in todo])))
         for i, (unit, parts) in enumerate(zip(units, merged)):
             ids, starts, ends = spans.get(i, ([], [], []))
-            out.append(_finish(tokenizer, unit, list(ids), _mask_from_spans(parts, starts, ends)))
+            out.append(_finish(tokenizer, unit, ids, _mask_from_spans(parts, starts, ends)))
         return out
     for unit, parts, text in zip(units, merged, texts):
         ids = tokenizer.encode(text, add_bos=False, add_eos=False) if text else []
@@ -131,12 +136,14 @@ def tokenize_messages_batch(
         if isinstance(lay, RowError):
             out.append(lay)
             continue
-        ids: list[int] = []
-        mask: list[bool] = []
-        for _ in lay:
-            u_ids, u_mask = next(encoded)
-            ids += u_ids
-            mask += u_mask
+        if len(lay) == 1:  # one unit (plain format): its lists are already this sample's own
+            ids, mask = next(encoded)
+        else:
+            ids, mask = [], []
+            for _ in lay:
+                u_ids, u_mask = next(encoded)
+                ids += u_ids
+                mask += u_mask
         out.append(_truncate(ids, mask, max_seq_len))
     return out
 

@@ -182,8 +182,9 @@ class TokenOffsets:
         if text.isascii():  # bytes = characters; plain iterators beat numpy on short token lists
             ends = list(accumulate(map(self._len_list.__getitem__, ids)))
             return [0, *ends[:-1]], ends
-        byte_ends = np.cumsum(self._len[np.asarray(ids, dtype=np.int64)])
-        byte_starts = byte_ends - self._len[np.asarray(ids, dtype=np.int64)]
+        lengths = self._len[np.asarray(ids, dtype=np.int64)]
+        byte_ends = np.cumsum(lengths)
+        byte_starts = byte_ends - lengths
         raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
         # Character index of each byte: count of character-starting bytes (not 10xxxxxx) so far.
         char_of_byte = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, 0)
