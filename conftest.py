@@ -12,8 +12,40 @@ SHARED_ASSETS = Path(os.environ.get("TUNEBENCH_SHARED_ASSETS") or REPO.parent / 
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+# The fixtures that hand a test the shared assets or, without them, a stand-in (`repo_assets`): the
+# tests that request one (directly or through another fixture) are the ones a bare clone runs
+# differently, and `--only-asset-fallback` runs just them (`make test-bare`, the second pass of .ci/run).
+FALLBACK_FIXTURES = frozenset({"shared_assets", "assets_or_repo", "llama3_tokenizer_or_stand_in"})
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--only-asset-fallback",
+        action="store_true",
+        help="run only the tests that request a fixture of conftest.FALLBACK_FIXTURES (the ones a bare "
+        "clone runs on stand-in assets); needs TUNEBENCH_SHARED_ASSETS set to a missing path",
+    )
+
+
+def _only_asset_fallback(config, items) -> None:
+    """Keep the items whose fixture closure holds a `FALLBACK_FIXTURES` name; report the rest deselected.
+    Raises `pytest.UsageError` when the shared assets are present (the pass would not test the fallback)."""
+    if SHARED_ASSETS.is_dir():
+        raise pytest.UsageError(
+            f"--only-asset-fallback runs the bare-clone fallback, but {SHARED_ASSETS} exists: set "
+            "TUNEBENCH_SHARED_ASSETS to a missing path (make test-bare does)"
+        )
+    keep, drop = [], []
+    for item in items:
+        (keep if FALLBACK_FIXTURES & set(getattr(item, "fixturenames", ())) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--only-asset-fallback"):
+        _only_asset_fallback(config, items)
     try:
         import torch
 
@@ -69,6 +101,15 @@ def assets_or_repo(request) -> Path:
     """The shared assets when present, else `repo_assets` (for tests that read only the files
     `repo_assets` also writes), without skipping."""
     return SHARED_ASSETS if SHARED_ASSETS.is_dir() else request.getfixturevalue("repo_assets")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_or_stand_in(request) -> Path:
+    """The shared assets' Llama 3 tokenizer folder, else `repo_assets`' SmolLM2 one: for session or
+    module fixtures that need a real HF tokenizer folder (Llama 3's when present) and cannot take the
+    function-scoped `assets_or_repo`."""
+    tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
+    return tok_dir if tok_dir.is_dir() else request.getfixturevalue("repo_assets") / "tokenizers" / "smollm2"
 
 
 def _numeric(text: str) -> bool:

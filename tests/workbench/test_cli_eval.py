@@ -26,16 +26,13 @@ def _offline_one_thread(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, request) -> Path:
+def model_dir(tmp_path_factory, llama3_tokenizer_or_stand_in) -> Path:
     """A tiny native Llama-3 (2 layers, 64 dims) written by `save_pretrained`, with the real
     Llama-3 tokenizer files (in a bare clone: SmolLM2's, from the demo model's GGUF)."""
-    from conftest import SHARED_ASSETS
     from engine.checkpoint import save_pretrained
     from engine.models.llama3 import llama3
 
-    tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
-    if not tok_dir.is_dir():
-        tok_dir = request.getfixturevalue("repo_assets") / "tokenizers" / "smollm2"
+    tok_dir = llama3_tokenizer_or_stand_in
     torch.manual_seed(0)
     model = llama3(
         num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=64, intermediate_dim=128, max_seq_len=512

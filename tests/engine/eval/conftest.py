@@ -23,14 +23,11 @@ def _offline_one_thread(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, request) -> str:
-    """HF folder: LlamaForCausalLM (the tokenizer's vocab, 2 layers, 64 dims, context 512) + tokenizer files."""
+def tiny_llama_dir(tmp_path_factory, llama3_tokenizer_or_stand_in) -> str:
+    """HF folder: LlamaForCausalLM (the tokenizer's vocab, 2 layers, 64 dims, context 512) + tokenizer
+    files (the real Llama 3's; in a bare clone SmolLM2's, from the demo model's GGUF)."""
     transformers = pytest.importorskip("transformers")
-    from conftest import SHARED_ASSETS
-
-    tok_dir = SHARED_ASSETS / "tokenizers" / "llama3"
-    if not tok_dir.is_dir():
-        tok_dir = request.getfixturevalue("repo_assets") / "tokenizers" / "smollm2"
+    tok_dir = llama3_tokenizer_or_stand_in
     out = tmp_path_factory.mktemp("eval_tiny") / "llama"
     tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
     cfg = transformers.LlamaConfig(
