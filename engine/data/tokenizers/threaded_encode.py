@@ -7,9 +7,12 @@ thread with its own `Encoding` (~0.08 s to build) halves the encode wall time on
 
 `encode_chunks` hands out fixed chunks of a batch to the calling thread and to the helpers, first come
 first served: the helpers only encode; the calling thread encodes too, and runs `finish` (the Python
-work on an encoded chunk: spans, lists) on each chunk, in order, as soon as it is ready. Each chunk's
-result is stored at its index, so the output is the same, in the same order, whatever the scheduling
-or the number of threads. A helper that is busy or still building its encoder simply takes no chunk.
+work on an encoded chunk: spans, lists) on each chunk, in order, as soon as it is ready. Once every
+chunk is handed out, the calling thread encodes any chunk a helper still holds itself (the first result
+stored wins; the encoders are equal), so it never waits for a helper that the OS has descheduled, and a
+helper that fails costs time, not the result. Each chunk's result is stored at its index, so the output
+is the same, in the same order, whatever the scheduling or the number of threads. A helper that is
+busy or still building its encoder simply takes no chunk.
 
 After a `fork` the helper threads do not exist in the child: the helpers restart there on first use.
 """
@@ -113,7 +116,8 @@ def encode_chunks(
       encoder: the calling thread's encoder.
       helpers: helper threads, or None to encode on the calling thread alone.
       weight: the batch's size in characters (None: not known); below `MIN_CHARS` no helper is used.
-    Returns every chunk's results in `items` order. Raises what `encode` or `finish` raise.
+    Returns every chunk's results in `items` order. Raises what `encode` or `finish` raise on the
+    calling thread (a helper's error only leaves its chunk to the calling thread).
     """
     n_chunks = -(-len(items) // CHUNK)
     if helpers is None or n_chunks < 2 or (weight is not None and weight < MIN_CHARS):
@@ -121,11 +125,11 @@ def encode_chunks(
     chunks = [items[k * CHUNK : (k + 1) * CHUNK] for k in range(n_chunks)]
     encoded: list[Any] = [None] * n_chunks
     done = [False] * n_chunks
-    cond = threading.Condition()
-    state: dict[str, Any] = {"next": 0, "stop": False, "error": None}
+    lock = threading.Lock()
+    state = {"next": 0, "stop": False}
 
     def claim() -> int | None:
-        with cond:
+        with lock:
             k = state["next"]
             if state["stop"] or k >= n_chunks:
                 return None
@@ -133,39 +137,30 @@ def encode_chunks(
             return k
 
     def store(k: int, value: Any) -> None:
-        with cond:
-            encoded[k], done[k] = value, True
-            cond.notify_all()
+        with lock:
+            if not done[k]:  # the first result stored wins (both are equal)
+                encoded[k], done[k] = value, True
 
     def helper_job(own_encoder: Any) -> None:
         try:
             while (k := claim()) is not None:
                 store(k, encode(own_encoder, chunks[k]))
-        except BaseException as exc:  # re-raised on the calling thread
-            with cond:
-                state["error"], state["stop"] = state["error"] or exc, True
-                cond.notify_all()
+        except Exception:  # the calling thread encodes what this helper left undone
+            pass
 
     finished: list[list[Any]] = []
-
-    def finish_ready() -> None:
-        while len(finished) < n_chunks and done[len(finished)]:
-            k = len(finished)
-            finished.append(finish(chunks[k], encoded[k]))
-            encoded[k] = None
-
     helpers.post(helper_job)
     try:
-        while (k := claim()) is not None:
-            store(k, encode(encoder, chunks[k]))
-            finish_ready()
-        while len(finished) < n_chunks:  # chunks a helper still encodes
-            with cond:
-                cond.wait_for(lambda: done[len(finished)] or state["error"] is not None)
-                if state["error"] is not None:
-                    raise state["error"]
-            finish_ready()
+        while len(finished) < n_chunks:
+            k = claim()
+            if k is None:  # all handed out: a chunk a helper still holds is encoded here too, so
+                k = len(finished)  # a helper that the OS has descheduled never holds the batch up
+            if not done[k]:
+                store(k, encode(encoder, chunks[k]))
+            while len(finished) < n_chunks and done[len(finished)]:
+                finished.append(finish(chunks[len(finished)], encoded[len(finished)]))
+                encoded[len(finished) - 1] = None
     finally:
-        with cond:
+        with lock:
             state["stop"] = True  # a helper that starts this job late takes nothing
     return [r for part in finished for r in part]

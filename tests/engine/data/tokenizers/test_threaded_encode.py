@@ -1,6 +1,6 @@
 """Threaded encoding (`threaded_encode`): the same ids, spans and masks as one thread, in the same
-order, every time -- on the real Llama 3 file and Alpaca rows, and with a stand-in encoder that forces
-a helper thread to take chunks."""
+order, every time -- on the real Llama 3 file and Alpaca rows, and with stand-in encoders that force a
+helper thread to take chunks, to fail, or to hold a chunk past the end of the call."""
 
 from __future__ import annotations
 
@@ -96,32 +96,42 @@ def test_encode_chunks_keeps_order_with_helpers():
     helpers.close()
 
 
-def test_encode_chunks_raises_a_helpers_error():
-    def make():
-        class Broken:
-            def encode(self, chunk):
-                raise RuntimeError("helper failed")
+def test_a_failing_or_late_helper_leaves_its_chunks_to_the_calling_thread():
+    """A helper that raises, and one that holds its chunk until the call is over: the same result,
+    and the calling thread never waits for either."""
+    release = threading.Event()
+    took = threading.Event()
 
-        return Broken()
+    class Broken:
+        def encode(self, chunk):
+            raise RuntimeError("helper failed")
 
-    helpers = EncodeHelpers(make, count=1)
-    gate = threading.Event()
+    class Late:
+        def encode(self, chunk):
+            took.set()
+            release.wait(WAIT_S)  # holds its chunk until the test lets it go
+            return [[-1] for _ in chunk]  # a wrong answer that must never be used
 
     class Main:
+        def __init__(self):
+            self.calls = 0
+
         def encode(self, chunk):
-            gate.wait(WAIT_S)  # hold the calling thread until the helper has failed
-            return [[0] for _ in chunk]
+            if self.calls == 0:
+                assert took.wait(WAIT_S), "the late helper took no chunk"
+            self.calls += 1
+            return [[len(t)] for t in chunk]
 
-    def encode(enc, chunk):
-        if isinstance(enc, Main):
-            return enc.encode(chunk)
-        try:
-            return enc.encode(chunk)
-        finally:
-            gate.set()
-
-    with pytest.raises(RuntimeError, match="helper failed"):
-        encode_chunks(["x"] * (4 * CHUNK), encode, lambda chunk, e: list(e), encoder=Main(), helpers=helpers)
+    texts = [str(i) * (i % 5 + 1) for i in range(6 * CHUNK)]
+    made = iter([Broken(), Late()])
+    helpers = EncodeHelpers(lambda: next(made), count=2)
+    main = Main()
+    got = encode_chunks(
+        texts, lambda enc, chunk: enc.encode(chunk), lambda chunk, e: list(e), encoder=main, helpers=helpers
+    )
+    release.set()
+    assert got == [[len(t)] for t in texts]
+    assert main.calls == 6  # every chunk: the broken helper's and the late one's too
     helpers.close()
 
 
