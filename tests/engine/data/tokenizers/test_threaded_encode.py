@@ -13,13 +13,20 @@ from tokenizers import Tokenizer as RustTokenizer
 
 from engine.data import AlpacaInstructTemplate, instruct_dataset
 from engine.data.tokenizers import load_tokenizer
-from engine.data.tokenizers.threaded_encode import CHUNK, EncodeHelpers, encode_chunks, resolve_threads
+from engine.data.tokenizers.threaded_encode import (
+    CHUNK,
+    MIN_CHARS,
+    EncodeHelpers,
+    encode_chunks,
+    resolve_threads,
+)
 
 WAIT_S = 120  # generous: the machine may be loaded
 
 
-def _alpaca_texts(data_dir) -> tuple[list[dict], list[str]]:
-    rows = json.loads((data_dir / "alpaca_data_cleaned_1000.json").read_text())
+def _alpaca_texts(data_dir, n: int = 400) -> tuple[list[dict], list[str]]:
+    """The first `n` Alpaca rows and their prompt + response texts (> 10 chunks, > `MIN_CHARS`)."""
+    rows = json.loads((data_dir / "alpaca_data_cleaned_1000.json").read_text())[:n]
     template = AlpacaInstructTemplate()
     return rows, [template.format(r) + r["output"] for r in rows]
 
@@ -28,6 +35,7 @@ def test_threaded_spans_equal_one_thread_and_library(tok_dir, data_dir):
     tok = load_tokenizer(tok_dir / "llama3")
     rows, texts = _alpaca_texts(data_dir)
     texts = texts + ["<|begin_of_text|>x<|eot_id|> ünï 🤗"] * 3  # special-token strings split the text
+    assert sum(map(len, texts)) > MIN_CHARS and len(texts) > 10 * CHUNK  # the threaded path is taken
     tok.encode_threads = 1
     one = tok.encode_spans(texts)
     tok.encode_threads = 2
