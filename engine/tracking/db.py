@@ -253,7 +253,8 @@ def _read_version(conn: sqlite3.Connection) -> int | None:
 
 
 def to_db_float(value: object) -> float:
-    """A metric value as a float for SQLite (NaN becomes NULL there; readers turn it back)."""
+    """A metric value as a float for SQLite (NaN becomes NULL there; readers turn it back). SQLite stores
+    an integral REAL as an integer, so -0.0 comes back as 0.0; every other float keeps its bits."""
     return float(value)  # type: ignore[arg-type]
 
 
