@@ -7,6 +7,10 @@ padding slots, so a row's tokens are exactly those it would get alone. Rows stop
 stop token and then leave the compute batch (their KV-cache rows are squeezed out); the loop ends
 when every row has stopped or `max_new_tokens` are generated.
 
+A LongRoPE model (`rope.scaling.recompute_cache_on_switch`) whose sequence grows past the schedule's
+switch length during generation re-encodes the whole sequence at that step, so every cached key is
+rotated by the long factors (what a recompute without cache gives; transformers' Phi-3 does the same).
+
 Cache layout for `B` rows, `P` prompt slots and `T = max_new_tokens`: slots `0..P-1` hold the
 (left-padded) prompts, slot `P + t` the token generated at step `t`; the cache has `P + T` slots.
 """
@@ -182,6 +186,8 @@ def generate(
         # stopped leave the batch: their cache rows are squeezed out, so late steps cost only the rows
         # still generating (GRPO rollouts vary a lot in length).
         active = torch.arange(batch, device=device)
+        switch = _cache_switch_len(model) if use_cache else None
+        switched = switch is None or int(prompt_len.max()) > switch
         for step in range(max_new_tokens):
             picked_ids = sample_next_token(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
@@ -209,6 +215,17 @@ def generate(
                     _compact_caches(model, keep)
                     active, picked_ids = active[keep], picked_ids[keep]
                 positions = (prompt_len[active] + step)[:, None]  # [n,1]
+                if not switched and int(positions.max()) + 1 > switch:
+                    switched = True  # re-encode slots 0..slot with the long schedule
+                    q = slots[: slot + 1]
+                    seq = torch.cat([tokens[active], out[active, : step + 1]], dim=1)  # [n,slot+1]
+                    valid = key_valid[active]
+                    full = ((q[:, None] >= slots[None, :])[None] & valid[:, None, :]) | (
+                        q[:, None] == slots[None, :]
+                    )[None]
+                    full_pos = (q[None, :] - pad_len[active][:, None]).clamp(min=0)  # [n,slot+1]
+                    logits = _last_logits(model, seq, position_ids=full_pos, mask=full, input_pos=q)
+                    continue
                 step_mask = (slots[None, :] <= slot) & key_valid[active]  # [n,L]
                 logits = _last_logits(
                     model,
@@ -234,6 +251,14 @@ def generate(
         stopped=done,
         logprobs=None if logprobs is None else logprobs[:, :steps],
     )
+
+
+def _cache_switch_len(model: nn.Module) -> int | None:
+    """The length past which cached keys must be re-encoded (LongRoPE), or None."""
+    scaling = getattr(getattr(model, "rope", None), "scaling", None)
+    if getattr(scaling, "recompute_cache_on_switch", False):
+        return scaling.switch_len
+    return None
 
 
 def _unique_rows(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:

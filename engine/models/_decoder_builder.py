@@ -20,7 +20,8 @@ from engine.modules.feed_forward import FeedForward
 from engine.modules.moe import GroupedExperts, MoE, MoESettings
 from engine.modules.peft.lora import LoRALinear
 from engine.modules.rms_norm import RMSNorm
-from engine.modules.rotary import Llama3RopeScaling, RotaryEmbedding
+from engine.modules.rope_scaling import RopeScaling
+from engine.modules.rotary import RotaryEmbedding
 from engine.modules.transformer import TransformerBlock, TransformerDecoder
 
 AttnModule = Literal["q_proj", "k_proj", "v_proj", "output_proj"]
@@ -98,7 +99,7 @@ def build_decoder(
     head_dim: int | None = None,
     norm_eps: float = 1e-5,
     rope_base: float = 10000.0,
-    rope_scaling: Llama3RopeScaling | None = None,
+    rope_scaling: RopeScaling | None = None,
     attn_bias: bool = False,
     qk_norm: bool = False,
     tie_word_embeddings: bool = False,
@@ -182,9 +183,10 @@ def build_decoder(
 # `build_decoder` arguments no family builder takes: a family fixes them (`Family.fixed`), and `moe`
 # is made from the router knobs of a mixture-of-experts family.
 _NOT_ARGUMENTS = ("attn_bias", "qk_norm", "moe")
-# `build_decoder` arguments a family builder takes only when its family gives them a default
-# (Llama 2 has no RoPE scaling; only Mistral and Mixtral slide their attention window).
-_OPTIONAL = ("rope_scaling", "sliding_window")
+# `build_decoder` arguments a family builder takes only when its family gives them a default (only
+# Mistral and Mixtral slide their attention window). Every family takes `rope_scaling` (default None:
+# a long-context schedule of `engine.modules.rope_scaling` on any of them).
+_OPTIONAL = ("sliding_window",)
 # Router knobs of a mixture-of-experts family builder -> the `MoESettings` field each sets.
 _MOE_KNOBS = {
     "num_experts": "num_experts",
@@ -209,7 +211,7 @@ class Family:
     module: the family module's `__name__`, so `_component_` paths and cards name that module.
     doc: the family builder's docstring.
     defaults: the family's defaults for `build_decoder` arguments, which become keyword defaults of
-        its builder; `rope_scaling` and `sliding_window` are arguments only where given here.
+        its builder; `sliding_window` is an argument only where given here.
     sizes: preset name -> builder arguments; each is a zero-argument `<name>()`, a `lora_<name>` and
         (see `qlora`) a `qlora_<name>` whose arguments default to these sizes.
     fixed: `build_decoder` arguments the family always sets and does not take (Qwen2's `attn_bias`).

@@ -17,7 +17,13 @@ from torch import nn
 
 from engine.checkpoint.checkpoint_errors import CheckpointError
 from engine.modules.moe import MoESettings, moe_layers
-from engine.modules.rotary import Llama3RopeScaling
+from engine.modules.rope_scaling import (
+    RopeScaling,
+    from_rope_parameters,
+    hf_max_position_embeddings,
+    model_max_seq_len,
+    to_rope_parameters,
+)
 
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -74,23 +80,22 @@ def family_of(config: dict, source: str = "config.json") -> str:
     )
 
 
-def _rope(config: dict, source: str) -> tuple[float, Llama3RopeScaling | None]:
+def _rope(config: dict, source: str, head_dim: int) -> tuple[float, RopeScaling | None]:
+    """RoPE theta and schedule from `rope_parameters` (transformers 5) over `rope_scaling` (4)."""
     params = dict(config.get("rope_parameters") or {})
     legacy = config.get("rope_scaling") or {}
     params = {**legacy, **params}
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return float(theta), None
-    if kind == "llama3":
-        scaling = Llama3RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    try:
+        scaling = from_rope_parameters(
+            params,
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            rotary_dim=head_dim,
+            original_max_position_embeddings=config.get("original_max_position_embeddings"),
         )
-        return float(theta), scaling
-    raise CheckpointError(f"{source}: rope type {kind!r} is not supported; supported: default, llama3")
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: {exc}; fix config.json") from None
+    return float(theta), scaling
 
 
 def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
@@ -108,8 +113,10 @@ def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
             raise CheckpointError(f"{source}: mlp_bias=true is not supported")
         if family == "qwen2" and config.get("use_sliding_window"):
             raise CheckpointError(f"{source}: use_sliding_window=true is not supported for Qwen2")
-        rope_base, rope_scaling = _rope(config, source)
         heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        rope_base, rope_scaling = _rope(config, source, head_dim)
+        max_positions = int(config.get("max_position_embeddings", 4096))
         moe = _moe_settings(config, family, source)
         return dict(
             vocab_size=int(config["vocab_size"]),
@@ -118,8 +125,8 @@ def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             embed_dim=int(config["hidden_size"]),
             intermediate_dim=moe.moe_intermediate_dim if moe else int(config["intermediate_size"]),
-            max_seq_len=int(config.get("max_position_embeddings", 4096)),
-            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            max_seq_len=model_max_seq_len(rope_scaling, max_positions),
+            head_dim=head_dim,
             norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_base=rope_base,
             rope_scaling=rope_scaling,
@@ -190,17 +197,7 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
     else:
         family = "llama"
     rope = model.rope
-    rope_parameters: dict = {"rope_type": "default", "rope_theta": rope.base}
-    if rope.scaling is not None:
-        s = rope.scaling
-        rope_parameters = {
-            "rope_type": "llama3",
-            "rope_theta": rope.base,
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        }
+    rope_parameters = to_rope_parameters(rope.scaling, rope.base)
     vocab, dim = model.tok_embeddings.weight.shape
     dtype = dtype or model.tok_embeddings.weight.dtype
     config = {
@@ -218,7 +215,7 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         "num_attention_heads": attn.num_heads,
         "num_key_value_heads": attn.num_kv_heads,
         "head_dim": attn.head_dim,
-        "max_position_embeddings": model.max_seq_len,
+        "max_position_embeddings": hf_max_position_embeddings(rope.scaling, model.max_seq_len),
         "rms_norm_eps": model.norm.eps,
         "hidden_act": "silu",
         "tie_word_embeddings": model.tied,

@@ -32,7 +32,7 @@ def hf_config(family: str, **overrides):
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 32,
         }
-        return transformers.LlamaConfig(**sizes, rope_parameters=rope, tie_word_embeddings=True)
+        return transformers.LlamaConfig(**{"rope_parameters": rope, **sizes}, tie_word_embeddings=True)
     if family == "qwen2":
         return transformers.Qwen2Config(**sizes, tie_word_embeddings=False)
     if family == "qwen3":

@@ -66,7 +66,9 @@ def test_family_builders_take_only_their_family_knobs():
     def params(fn):
         return inspect.signature(fn).parameters
 
-    assert "rope_scaling" not in params(llama2.llama2) and "sliding_window" not in params(llama2.llama2)
+    assert params(llama2.llama2)["rope_scaling"].default is None and "sliding_window" not in params(
+        llama2.llama2
+    )
     assert params(llama3.llama3)["rope_base"].default == 500_000.0 and "rope_scaling" in params(llama3.llama3)
     assert params(mistral.mistral)["sliding_window"].default is None
     assert "attn_bias" not in params(qwen2.qwen2) and params(qwen2.qwen2)["norm_eps"].default == 1e-6
@@ -78,8 +80,8 @@ def test_family_builders_take_only_their_family_knobs():
     )
     assert params(llama3.lora_llama3_2_1b)["embed_dim"].default == 2048
     assert not params(llama3.llama3_2_1b) and llama3.llama3_2_1b.__module__ == "engine.models.llama3"
-    with pytest.raises(TypeError, match=r"llama2\(\): got an unexpected keyword argument 'rope_scaling'"):
-        llama2.llama2(**llama2.SIZES["llama2_tiny"], rope_scaling=None)
+    with pytest.raises(TypeError, match=r"llama2\(\): got an unexpected keyword argument 'sliding_window'"):
+        llama2.llama2(**llama2.SIZES["llama2_tiny"], sliding_window=None)
     with pytest.raises(TypeError, match="qwen3_moe.*apply_lora_to_mlp"):
         qwen3_moe.lora_qwen3_moe_tiny(apply_lora_to_mlp=True)
     model = qwen2.qwen2_tiny()

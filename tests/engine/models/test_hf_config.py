@@ -51,10 +51,29 @@ def test_llama3_rope_scaling_is_read_from_either_spelling():
     assert legacy["rope_base"] == 500000.0
 
 
+def test_qwen3_yarn_long_context_block_loads():
+    """The block Qwen3's model card tells users to add for 131k tokens (transformers 4 spelling)."""
+    from engine.modules.rope_scaling import YarnRopeScaling
+
+    qwen3 = {
+        **LLAMA_3_2_1B,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "max_position_embeddings": 131072,
+    }
+    qwen3["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    kwargs = decoder_kwargs(qwen3)
+    assert kwargs["rope_scaling"] == YarnRopeScaling(factor=4.0, original_max_position_embeddings=32768)
+    assert kwargs["max_seq_len"] == 131072 and kwargs["qk_norm"]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+        (
+            {"rope_scaling": {"rope_type": "proportional", "factor": 4.0}},
+            "rope_type 'proportional' is not supported",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         ({"num_hidden_layers": None}, "a size field is not a number"),
         ({"architectures": ["FalconForCausalLM"], "model_type": "falcon"}, "architecture FalconForCausalLM"),
