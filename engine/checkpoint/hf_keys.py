@@ -28,12 +28,14 @@ HF_TO_NATIVE: dict[str, str] = {
     "model.layers.{}.self_attn.q_proj.bias": "layers.{}.attn.q_proj.bias",
     "model.layers.{}.self_attn.k_proj.bias": "layers.{}.attn.k_proj.bias",
     "model.layers.{}.self_attn.v_proj.bias": "layers.{}.attn.v_proj.bias",
+    "model.layers.{}.self_attn.qkv_proj.weight": "layers.{}.attn.qkv_proj.weight",  # Phi-3: q, k, v fused
     "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attn.output_proj.weight",
     "model.layers.{}.self_attn.q_norm.weight": "layers.{}.attn.q_norm.weight",
     "model.layers.{}.self_attn.k_norm.weight": "layers.{}.attn.k_norm.weight",
     "model.layers.{}.mlp.gate_proj.weight": "layers.{}.mlp.gate_proj.weight",
     "model.layers.{}.mlp.up_proj.weight": "layers.{}.mlp.up_proj.weight",
     "model.layers.{}.mlp.down_proj.weight": "layers.{}.mlp.down_proj.weight",
+    "model.layers.{}.mlp.gate_up_proj.weight": "layers.{}.mlp.gate_up_proj.weight",  # Phi-3: gate, up fused
 }
 NATIVE_TO_HF: dict[str, str] = {v: k for k, v in HF_TO_NATIVE.items()}
 

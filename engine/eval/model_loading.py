@@ -24,8 +24,10 @@ _PEFT_TARGETS = {
     "q_proj": "q_proj",
     "k_proj": "k_proj",
     "v_proj": "v_proj",
+    "qkv_proj": "qkv_proj",  # Phi-3: q, k, v fused
     "o_proj": "output_proj",
     "gate_proj": "gate_proj",
+    "gate_up_proj": "gate_up_proj",  # Phi-3: gate, up fused
     "up_proj": "up_proj",
     "down_proj": "down_proj",
     "lm_head": "output",
@@ -122,8 +124,10 @@ def load_eval_model(
             )
         native = [_PEFT_TARGETS[t] for t in targets]
         settings = LoRASettings(
-            lora_attn_modules=tuple(m for m in native if m in ("q_proj", "k_proj", "v_proj", "output_proj")),
-            apply_lora_to_mlp=any(m in ("gate_proj", "up_proj", "down_proj") for m in native),
+            lora_attn_modules=tuple(
+                m for m in native if m in ("q_proj", "k_proj", "v_proj", "qkv_proj", "output_proj")
+            ),
+            apply_lora_to_mlp=any(m in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") for m in native),
             apply_lora_to_output="output" in native,
             apply_lora_to_experts=experts,
             train_router="gate" in (cfg.get("modules_to_save") or []),

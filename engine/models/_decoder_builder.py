@@ -24,8 +24,11 @@ from engine.modules.rope_scaling import RopeScaling
 from engine.modules.rotary import RotaryEmbedding
 from engine.modules.transformer import TransformerBlock, TransformerDecoder
 
-AttnModule = Literal["q_proj", "k_proj", "v_proj", "output_proj"]
-ATTN_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "output_proj")
+AttnModule = Literal["q_proj", "k_proj", "v_proj", "qkv_proj", "output_proj"]
+ATTN_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "qkv_proj", "output_proj")
+# The attention projections of a decoder with fused projections (Phi-3): one adapter on qkv_proj
+# (PEFT's layout for Phi-3), none on q/k/v apart.
+FUSED_ATTN_MODULES: tuple[str, ...] = ("qkv_proj", "output_proj")
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,10 @@ def build_decoder(
     norm_eps: float = 1e-5,
     rope_base: float = 10000.0,
     rope_scaling: RopeScaling | None = None,
+    partial_rotary_factor: float = 1.0,
     attn_bias: bool = False,
     qk_norm: bool = False,
+    fused_projections: bool = False,
     tie_word_embeddings: bool = False,
     sliding_window: int | None = None,
     attn_dropout: float = 0.0,
@@ -110,8 +115,12 @@ def build_decoder(
 ) -> TransformerDecoder:
     """Assemble a pre-norm GQA/SwiGLU/RMSNorm decoder (every MLP a mixture of experts with `moe`). `head_dim` defaults to embed_dim // num_heads.
 
+    `partial_rotary_factor`: the fraction of each head that RoPE rotates (Phi-4-mini 0.75).
+    `fused_projections`: one `qkv_proj` and one `gate_up_proj` per layer (Phi-3's layout and keys),
+    LoRA then on `qkv_proj` / `output_proj` and, with `apply_lora_to_mlp`, `gate_up_proj` / `down_proj`.
     Raises ValueError for a size that is not a positive integer, LoRA on a tied output projection
-    (the adapter would also change the input embedding) and for inconsistent head counts.
+    (the adapter would also change the input embedding), for inconsistent head counts, and for
+    LoRA targets the projection layout does not have.
     """
     sizes = dict(
         vocab_size=vocab_size,
@@ -135,23 +144,50 @@ def build_decoder(
     if lora is not None and lora.apply_lora_to_output and tie_word_embeddings:
         raise ValueError("apply_lora_to_output needs an untied output projection; set it to False")
     attn_targets = set(lora.lora_attn_modules) if lora else set()
+    layout = FUSED_ATTN_MODULES if fused_projections else tuple(m for m in ATTN_MODULES if m != "qkv_proj")
+    if attn_targets - set(layout):
+        raise ValueError(
+            f"lora_attn_modules: {sorted(attn_targets - set(layout))} not in this model's attention; "
+            f"choose from {list(layout)}"
+            + (" (q, k and v are one fused qkv_proj)" if fused_projections else "")
+        )
+    rotary_dim = int(head_dim * partial_rotary_factor)
+    if not 0 < partial_rotary_factor <= 1 or rotary_dim % 2:
+        raise ValueError(
+            f"partial_rotary_factor: {partial_rotary_factor} of head_dim {head_dim} must give an even "
+            "number of rotated dimensions in (0, head_dim]"
+        )
     mlp_adapted = bool(lora and lora.apply_lora_to_mlp)
     layers = []
     for _ in range(num_layers):
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        if fused_projections:  # one [D -> q_dim + 2 kv_dim] projection
+            qkv = dict(
+                qkv_proj=_linear(embed_dim, q_dim + 2 * kv_dim, attn_bias, lora, "qkv_proj" in attn_targets)
+            )
+        else:
+            qkv = dict(
+                q_proj=_linear(embed_dim, q_dim, attn_bias, lora, "q_proj" in attn_targets),
+                k_proj=_linear(embed_dim, kv_dim, attn_bias, lora, "k_proj" in attn_targets),
+                v_proj=_linear(embed_dim, kv_dim, attn_bias, lora, "v_proj" in attn_targets),
+            )
         attn = GroupedQueryAttention(
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            q_proj=_linear(embed_dim, num_heads * head_dim, attn_bias, lora, "q_proj" in attn_targets),
-            k_proj=_linear(embed_dim, num_kv_heads * head_dim, attn_bias, lora, "k_proj" in attn_targets),
-            v_proj=_linear(embed_dim, num_kv_heads * head_dim, attn_bias, lora, "v_proj" in attn_targets),
-            output_proj=_linear(num_heads * head_dim, embed_dim, False, lora, "output_proj" in attn_targets),
+            **qkv,
+            output_proj=_linear(q_dim, embed_dim, False, lora, "output_proj" in attn_targets),
             q_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
             k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
             attn_dropout=attn_dropout,
         )
         if moe is not None:
             mlp = _moe(embed_dim, moe, lora)
+        elif fused_projections:  # gate_up_proj [D -> 2 * hidden], gate first
+            mlp = FeedForward(
+                gate_up_proj=_linear(embed_dim, 2 * intermediate_dim, False, lora, mlp_adapted),
+                down_proj=_linear(intermediate_dim, embed_dim, False, lora, mlp_adapted),
+            )
         else:
             mlp = FeedForward(
                 gate_proj=_linear(embed_dim, intermediate_dim, False, lora, mlp_adapted),
@@ -174,7 +210,9 @@ def build_decoder(
         layers=layers,
         norm=RMSNorm(embed_dim, eps=norm_eps),
         output=output,
-        rope=RotaryEmbedding(head_dim, max_seq_len, base=rope_base, scaling=rope_scaling),
+        rope=RotaryEmbedding(
+            head_dim, max_seq_len, base=rope_base, scaling=rope_scaling, rotary_dim=rotary_dim
+        ),
         max_seq_len=max_seq_len,
         sliding_window=sliding_window,
     )
@@ -182,11 +220,11 @@ def build_decoder(
 
 # `build_decoder` arguments no family builder takes: a family fixes them (`Family.fixed`), and `moe`
 # is made from the router knobs of a mixture-of-experts family.
-_NOT_ARGUMENTS = ("attn_bias", "qk_norm", "moe")
+_NOT_ARGUMENTS = ("attn_bias", "qk_norm", "fused_projections", "moe")
 # `build_decoder` arguments a family builder takes only when its family gives them a default (only
-# Mistral and Mixtral slide their attention window). Every family takes `rope_scaling` (default None:
+# Mistral, Mixtral and Phi-3 slide their attention window; only Phi rotates part of each head). Every family takes `rope_scaling` (default None:
 # a long-context schedule of `engine.modules.rope_scaling` on any of them).
-_OPTIONAL = ("sliding_window",)
+_OPTIONAL = ("sliding_window", "partial_rotary_factor")
 # Router knobs of a mixture-of-experts family builder -> the `MoESettings` field each sets.
 _MOE_KNOBS = {
     "num_experts": "num_experts",
@@ -300,10 +338,11 @@ def _lora_builder(model_builder, family: Family):
     signature from `model_builder`, so config validation checks the forwarded keys too."""
     knobs = _MOE_LORA if family.moe is not None else _DENSE_LORA
     settings = {f.name: f for f in dataclasses.fields(LoRASettings)}
+    defaults = {k: settings[k].default for k in knobs}
+    if family.fixed.get("fused_projections"):  # q, k, v are one projection: adapt it
+        defaults["lora_attn_modules"] = ("qkv_proj",)
     own = [
-        inspect.Parameter(
-            k, inspect.Parameter.KEYWORD_ONLY, default=settings[k].default, annotation=settings[k].type
-        )
+        inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=defaults[k], annotation=settings[k].type)
         for k in knobs
     ]
     forwarded = [p for n, p in inspect.signature(model_builder).parameters.items() if n != "lora"]
@@ -311,8 +350,7 @@ def _lora_builder(model_builder, family: Family):
 
     def lora_builder(**kwargs) -> TransformerDecoder:
         lora = {k: kwargs.pop(k) for k in knobs if k in kwargs}
-        if "lora_attn_modules" in lora:
-            lora["lora_attn_modules"] = tuple(lora["lora_attn_modules"])
+        lora["lora_attn_modules"] = tuple(lora.get("lora_attn_modules", defaults["lora_attn_modules"]))
         return model_builder(**kwargs, lora=LoRASettings(**lora))
 
     if family.moe is None:

@@ -1,7 +1,8 @@
 """`config.json` of a Hugging Face model <-> arguments of `build_decoder`.
 
 Supported architectures: LlamaForCausalLM (Llama 2/3.x, SmolLM2), Qwen2ForCausalLM (Qwen2/2.5),
-Qwen3ForCausalLM, MistralForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM and
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM (Phi-3/3.5/4: fused qkv_proj and gate_up_proj,
+LongRoPE, partial rotary), and the mixtures of experts Qwen3MoeForCausalLM and
 MixtralForCausalLM (their `moe` argument). Reads both the transformers 4 (`rope_theta`,
 `rope_scaling`) and 5 (`rope_parameters`) spellings.
 """
@@ -32,6 +33,7 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "Phi3ForCausalLM": "phi3",
 }
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
@@ -80,12 +82,23 @@ def family_of(config: dict, source: str = "config.json") -> str:
     )
 
 
-def _rope(config: dict, source: str, head_dim: int) -> tuple[float, RopeScaling | None]:
+def _partial_rotary_factor(config: dict, family: str, source: str) -> float:
+    """Phi's `partial_rotary_factor` (top level, or in the rope block as transformers 5 writes it)."""
+    params = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    factor = float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+    if factor != 1.0 and family != "phi3":
+        raise CheckpointError(f"{source}: partial_rotary_factor={factor} is supported for Phi-3 only")
+    return factor
+
+
+def _rope(config: dict, source: str, head_dim: int, family: str = "") -> tuple[float, RopeScaling | None]:
     """RoPE theta and schedule from `rope_parameters` (transformers 5) over `rope_scaling` (4)."""
     params = dict(config.get("rope_parameters") or {})
     legacy = config.get("rope_scaling") or {}
     params = {**legacy, **params}
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    if family == "phi3" and params.get("rope_type", params.get("type")) in ("su", "yarn"):
+        params["rope_type"] = "longrope"  # early Phi-3 configs' names for it (transformers maps them too)
     try:
         scaling = from_rope_parameters(
             params,
@@ -115,7 +128,8 @@ def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
             raise CheckpointError(f"{source}: use_sliding_window=true is not supported for Qwen2")
         heads = int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-        rope_base, rope_scaling = _rope(config, source, head_dim)
+        partial = _partial_rotary_factor(config, family, source)
+        rope_base, rope_scaling = _rope(config, source, int(head_dim * partial), family)
         max_positions = int(config.get("max_position_embeddings", 4096))
         moe = _moe_settings(config, family, source)
         return dict(
@@ -132,9 +146,11 @@ def decoder_kwargs(config: dict, source: str = "config.json") -> dict:
             rope_scaling=rope_scaling,
             attn_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
             qk_norm=family in ("qwen3", "qwen3_moe"),
+            fused_projections=family == "phi3",
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            sliding_window=config.get("sliding_window") if family in ("mistral", "mixtral") else None,
+            sliding_window=config.get("sliding_window") if family in ("mistral", "mixtral", "phi3") else None,
             moe=moe,
+            **({"partial_rotary_factor": partial} if partial != 1.0 else {}),
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: field {exc.args[0]} is missing; re-download config.json") from None
@@ -186,7 +202,9 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
     has_bias = getattr(q_proj, "bias", None) is not None
     qk_norm = attn.q_norm is not None
     moe = moe_layers(model)
-    if moe:
+    if attn.qkv_proj is not None:
+        family = "phi3"
+    elif moe:
         family = moe[0].settings.naming
     elif qk_norm:
         family = "qwen3"
@@ -207,7 +225,7 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         "hidden_size": int(dim),
         # An all-sparse Qwen3-MoE never uses its dense size; experts x k is what the presets declare.
         "intermediate_size": int(
-            model.layers[0].mlp.gate_proj.weight.shape[0]
+            model.layers[0].mlp.hidden_dim
             if not moe
             else moe[0].settings.moe_intermediate_dim * moe[0].settings.top_k
         ),
@@ -231,8 +249,14 @@ def hf_config_from_model(model: nn.Module, dtype: torch.dtype | None = None) -> 
         config["num_labels"] = labels
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
-    if family in ("mistral", "mixtral"):
+    if family in ("mistral", "mixtral", "phi3"):
         config["sliding_window"] = model.sliding_window
+    if family == "phi3":  # transformers' Phi-3 reads these top-level fields over the rope block's
+        config["original_max_position_embeddings"] = rope_parameters.get(
+            "original_max_position_embeddings", config["max_position_embeddings"]
+        )
+        config["partial_rotary_factor"] = rope.rotary_dim / rope.head_dim
+        rope_parameters["partial_rotary_factor"] = rope.rotary_dim / rope.head_dim
     if moe:
         settings = moe[0].settings
         config["num_experts_per_tok"] = settings.top_k

@@ -16,7 +16,9 @@ class GroupedQueryAttention(nn.Module):
 
     Args:
         num_heads (int), num_kv_heads (int; divides num_heads), head_dim (int).
-        q_proj, k_proj, v_proj (nn.Module): `D -> heads * head_dim` projections (biased for Qwen2).
+        q_proj, k_proj, v_proj (nn.Module | None): `D -> heads * head_dim` projections (biased for Qwen2).
+        qkv_proj (nn.Module | None): instead of those three, one fused `D -> (H + 2 H_kv) * head_dim`
+            projection whose output is q, k, v one after the other (Phi-3's `qkv_proj`).
         output_proj (nn.Module): `num_heads * head_dim -> D`.
         q_norm, k_norm (nn.Module | None): per-head RMSNorm on queries/keys before RoPE (Qwen3).
         attn_dropout (float): dropout on attention probabilities in training; default 0.
@@ -26,7 +28,7 @@ class GroupedQueryAttention(nn.Module):
     ring) computes the attention itself. With `mask=None` and no cache the fused causal
     kernel (`is_causal=True`) is used. With a KV cache (`setup_cache`), `input_pos` gives the
     cache slots of the S new tokens and `mask` must cover the whole cache (`S_kv = max_seq_len`).
-    Raises ValueError when heads do not divide.
+    Raises ValueError when heads do not divide, or unless exactly one of q/k/v or qkv_proj is given.
     """
 
     def __init__(
@@ -35,10 +37,11 @@ class GroupedQueryAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
-        q_proj: nn.Module,
-        k_proj: nn.Module,
-        v_proj: nn.Module,
+        q_proj: nn.Module | None = None,
+        k_proj: nn.Module | None = None,
+        v_proj: nn.Module | None = None,
         output_proj: nn.Module,
+        qkv_proj: nn.Module | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
         attn_dropout: float = 0.0,
@@ -46,12 +49,16 @@ class GroupedQueryAttention(nn.Module):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        separate = (q_proj, k_proj, v_proj)
+        if (qkv_proj is None) == all(p is None for p in separate) or (qkv_proj is None and None in separate):
+            raise ValueError("give either q_proj, k_proj and v_proj, or one fused qkv_proj")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.q_proj = q_proj
         self.k_proj = k_proj
         self.v_proj = v_proj
+        self.qkv_proj = qkv_proj
         self.output_proj = output_proj
         self.q_norm = q_norm
         self.k_norm = k_norm
@@ -73,9 +80,14 @@ class GroupedQueryAttention(nn.Module):
     ) -> torch.Tensor:
         b, s, _ = x.shape
         # [B,S,H*hd] -> [B,S,H,hd]; -1 heads so tensor parallelism (local heads only) needs no change
-        q = self.q_proj(x).view(b, s, -1, self.head_dim)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        if self.qkv_proj is not None:  # [B,S,(H + 2 H_kv)*hd] -> q, k, v
+            kv = self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, s, -1, self.head_dim)
+        k = k.view(b, s, -1, self.head_dim)
+        v = v.view(b, s, -1, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:

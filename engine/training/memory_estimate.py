@@ -289,6 +289,7 @@ _LORA_SHAPES = {  # (in_features, out_features) of each adaptable projection, by
     "q_proj": lambda s: (s.dim, s.q_dim),
     "k_proj": lambda s: (s.dim, s.kv_dim),
     "v_proj": lambda s: (s.dim, s.kv_dim),
+    "qkv_proj": lambda s: (s.dim, s.q_dim + 2 * s.kv_dim),  # Phi-3: one adapter on the fused q, k, v
     "output_proj": lambda s: (s.q_dim, s.dim),
     "o_proj": lambda s: (s.q_dim, s.dim),
 }
@@ -300,7 +301,7 @@ def lora_params(shape: ModelShape, opts: TrainingOptions) -> int:
     for name in opts.lora_attn_modules:
         if name not in _LORA_SHAPES:
             raise MemoryEstimateError(
-                f"lora_attn_modules: {name!r} is unknown; use some of q_proj, k_proj, v_proj, output_proj"
+                f"lora_attn_modules: {name!r} is unknown; use some of q_proj, k_proj, v_proj, qkv_proj, output_proj"
             )
         fan_in, fan_out = _LORA_SHAPES[name](shape)
         per_layer += opts.lora_rank * (fan_in + fan_out)

@@ -47,6 +47,14 @@ def hf_config(family: str, **overrides):
     if family == "mixtral":
         moe = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)
         return transformers.MixtralConfig(**{**sizes, **moe, **overrides})
+    if family == "phi3":  # Phi-3-mini-4k's layout: MHA-sized q, a sliding window shorter than the tests' rows
+        return transformers.Phi3Config(
+            **{"sliding_window": 6, **sizes}, pad_token_id=None, bos_token_id=1, eos_token_id=2
+        )
+    if family == "phi4":  # Phi-4's shape, scaled down: GQA (40/10 -> 4/1), theta 250k, no window
+        return transformers.Phi3Config(**{**sizes, "num_key_value_heads": 1, "rope_parameters": {"rope_type": "default",
+                                       "rope_theta": 250000.0}, **overrides}, pad_token_id=None, bos_token_id=1,
+                                       eos_token_id=2)  # fmt: skip
     raise ValueError(family)
 
 
