@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from engine.models import llama2, llama3, mistral, mixtral, qwen2, qwen3, qwen3_moe, smollm2
+from engine.models import llama2, llama3, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm2
 from engine.modules.moe import moe_layers
 
 _LLAMA2 = "Llama 2 Community License"
@@ -65,6 +65,9 @@ PRESETS: dict[str, _Entry] = {
     "smollm2_135m": _Entry(smollm2.smollm2_135m, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-135M"),
     "smollm2_360m": _Entry(smollm2.smollm2_360m, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-360M"),
     "smollm2_1_7b": _Entry(smollm2.smollm2_1_7b, "SmolLM2", _APACHE, "HuggingFaceTB/SmolLM2-1.7B"),
+    "phi3_mini_4k": _Entry(phi3.phi3_mini_4k, "Phi-3", "MIT", "microsoft/Phi-3-mini-4k-instruct"),
+    "phi3_medium_4k": _Entry(phi3.phi3_medium_4k, "Phi-3", "MIT", "microsoft/Phi-3-medium-4k-instruct"),
+    "phi4_14b": _Entry(phi3.phi4_14b, "Phi-4", "MIT", "microsoft/phi-4"),
     # Tiny presets for tests (random weights only).
     "llama2_tiny": _Entry(llama2.llama2_tiny, "Llama 2", _APACHE, None),
     "llama3_tiny": _Entry(llama3.llama3_tiny, "Llama 3", _APACHE, None),
@@ -73,6 +76,7 @@ PRESETS: dict[str, _Entry] = {
     "mistral_tiny": _Entry(mistral.mistral_tiny, "Mistral", _APACHE, None),
     "qwen3_moe_tiny": _Entry(qwen3_moe.qwen3_moe_tiny, "Qwen3-MoE", _APACHE, None),
     "mixtral_tiny": _Entry(mixtral.mixtral_tiny, "Mixtral", _APACHE, None),
+    "phi3_tiny": _Entry(phi3.phi3_tiny, "Phi-3", "MIT", None),
 }  # fmt: skip
 
 
@@ -122,7 +126,7 @@ def model_card(name: str) -> ModelCard:
         idle = sum((m.num_experts - m.top_k) * per_expert for m in moe)
         hidden = moe[0].settings.moe_intermediate_dim
     else:
-        idle, hidden = 0, int(model.layers[0].mlp.gate_proj.weight.shape[0])
+        idle, hidden = 0, model.layers[0].mlp.hidden_dim
     return ModelCard(
         name=name,
         family=entry.family,

@@ -12,7 +12,7 @@ import torch
 from engine.config import ConfigError, instantiate, validate
 from engine.modules.peft import LoRALinear
 
-FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral", "smollm2", "qwen3_moe", "mixtral"]
+FAMILIES = ["llama2", "llama3", "qwen2", "qwen3", "mistral", "smollm2", "qwen3_moe", "mixtral", "phi3"]
 
 
 def _presets():

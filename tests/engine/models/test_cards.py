@@ -62,7 +62,10 @@ def test_transformers_builds_the_same_moe_size(name):
     assert sum(p.numel() for p in theirs.parameters()) == model_card(name).params
 
 
-@pytest.mark.parametrize("name", ["smollm2_135m", "qwen3_0_6b", "qwen2_5_1_5b", "llama3_2_1b", "mistral_7b"])
+@pytest.mark.parametrize(
+    "name",
+    ["smollm2_135m", "qwen3_0_6b", "qwen2_5_1_5b", "llama3_2_1b", "mistral_7b", "phi3_mini_4k", "phi4_14b"],
+)
 def test_transformers_builds_the_same_size(name):
     transformers = pytest.importorskip("transformers")
     with torch.device("meta"):

@@ -79,7 +79,6 @@ def test_phi4_14b_preset_is_transformers_phi4():
     assert config["architectures"] == ["Phi3ForCausalLM"] and config["vocab_size"] == 100_352
     expected = {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
     assert {native_to_hf(k): tuple(v.shape) for k, v in ours.state_dict().items()} == expected
-    assert sum(p.numel() for p in ours.parameters()) == 14_659_507_200
 
 
 @pytest.mark.parametrize("variant", ["window", "longrope_partial"])
