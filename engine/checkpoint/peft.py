@@ -71,15 +71,15 @@ def adapter_config(model: nn.Module, *, base_model_dir: str | os.PathLike | None
     moe = _moe_adapter_keys(model)
     if not mods and not moe:
         raise CheckpointError("the model has no LoRA adapters to save; save the full model instead")
-    kinds = {(m.rank, float(m.alpha), m.use_dora) for m in mods.values()}
+    kinds = {(m.rank, float(m.alpha), m.use_dora, m.use_rslora) for m in mods.values()}
     kinds |= {
-        (e.lora_rank, float(e.scale * e.lora_rank), False) for e in _expert_stacks(model) if e.lora_rank
+        (e.lora_rank, float(e.lora_alpha), False, e.use_rslora) for e in _expert_stacks(model) if e.lora_rank
     }
     if len(kinds) > 1:
         raise CheckpointError(
-            f"adapters differ in rank/alpha/DoRA ({sorted(kinds)}); export a merged model instead"
+            f"adapters differ in rank/alpha/DoRA/rsLoRA ({sorted(kinds)}); export a merged model instead"
         )
-    rank, alpha, use_dora = kinds.pop() if kinds else (8, 16.0, False)
+    rank, alpha, use_dora, use_rslora = kinds.pop() if kinds else (8, 16.0, False, False)
     first = next(iter(mods.values()), None)
     dropout = float(first.dropout.p) if first is not None and isinstance(first.dropout, nn.Dropout) else 0.0
     targets = {_hf_module(name).rsplit(".", 1)[-1] for name in mods}
@@ -97,7 +97,7 @@ def adapter_config(model: nn.Module, *, base_model_dir: str | os.PathLike | None
         "bias": "none",
         "fan_in_fan_out": False,
         "use_dora": bool(use_dora),
-        "use_rslora": False,
+        "use_rslora": bool(use_rslora),
         "init_lora_weights": True,
         "modules_to_save": saved or None,
         "rank_pattern": {},

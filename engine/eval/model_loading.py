@@ -136,6 +136,7 @@ def load_eval_model(
             lora_dropout=0.0,
             quantize_base=quantize_base,
             use_dora=bool(cfg.get("use_dora", False)),
+            use_rslora=bool(cfg.get("use_rslora", False)),
         )
         model = from_pretrained(adapter_base_dir(folder), dtype=dtype, device=device, lora=settings)
         load_adapters(model, folder)

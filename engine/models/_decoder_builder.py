@@ -43,6 +43,7 @@ class LoRASettings:
     lora_dropout: float = 0.0
     quantize_base: bool = False
     use_dora: bool = False
+    use_rslora: bool = False  # rank-stabilised scale alpha / sqrt(rank) (PEFT's use_rslora)
     apply_lora_to_experts: bool = False  # MoE: stacked adapters per expert (experts' base frozen)
     train_router: bool = False  # MoE: the router trains with the adapters
 
@@ -73,6 +74,7 @@ def _linear(in_dim: int, out_dim: int, bias: bool, lora: LoRASettings | None, ad
         use_bias=bias,
         quantize_base=lora.quantize_base,
         use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
     )
 
 
@@ -84,6 +86,7 @@ def _moe(embed_dim: int, moe: MoESettings, lora: LoRASettings | None) -> MoE:
         moe.moe_intermediate_dim,
         lora_rank=lora.lora_rank if adapt else 0,
         lora_alpha=lora.lora_alpha if adapt else 16.0,
+        use_rslora=bool(adapt and lora.use_rslora),
     )
     block = MoE(router=nn.Linear(embed_dim, moe.num_experts, bias=False), experts=experts, settings=moe)
     block.router_trainable = bool(lora and lora.train_router)  # trains with the adapters
@@ -236,9 +239,9 @@ _MOE_KNOBS = {
 # The `LoRASettings` fields a `lora_<family>` builder takes, in signature order: dense families adapt
 # the MLP, mixtures of experts their experts (and may train the router).
 _DENSE_LORA = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "lora_rank",
-               "lora_alpha", "lora_dropout", "quantize_base", "use_dora")  # fmt: skip
+               "lora_alpha", "lora_dropout", "quantize_base", "use_dora", "use_rslora")  # fmt: skip
 _MOE_LORA = ("lora_attn_modules", "apply_lora_to_experts", "train_router", "apply_lora_to_output",
-             "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora")  # fmt: skip
+             "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora", "use_rslora")  # fmt: skip
 
 
 @dataclass(frozen=True)

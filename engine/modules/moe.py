@@ -246,7 +246,8 @@ class GroupedExperts(nn.Module):
     """`num_experts` SwiGLU experts held stacked: `gate_proj`, `up_proj` `[E,H,D]`, `down_proj` `[E,D,H]`.
 
     With `lora_rank`, each projection gets stacked adapters `<proj>_lora_a` `[E,r,in]` and
-    `<proj>_lora_b` `[E,out,r]` (B = 0 at start, one adapter per expert) and the base is frozen.
+    `<proj>_lora_b` `[E,out,r]` (B = 0 at start, one adapter per expert) and the base is frozen; the
+    adapters are scaled by `lora_alpha / lora_rank` (`/ sqrt(lora_rank)` with `use_rslora`).
     `forward(x [N,D] sorted by expert, counts [E] long) -> [N,D]`.
     """
 
@@ -258,11 +259,14 @@ class GroupedExperts(nn.Module):
         *,
         lora_rank: int = 0,
         lora_alpha: float = 16.0,
+        use_rslora: bool = False,
     ) -> None:
         super().__init__()
+        from engine.modules.peft.lora import lora_scale
+
         self.num_experts, self.dim, self.hidden_dim = num_experts, dim, hidden_dim
-        self.lora_rank = lora_rank
-        self.scale = lora_alpha / lora_rank if lora_rank else 0.0
+        self.lora_rank, self.lora_alpha, self.use_rslora = lora_rank, lora_alpha, use_rslora
+        self.scale = lora_scale(lora_alpha, lora_rank, use_rslora) if lora_rank else 0.0
         self.disabled = False
         self.grad_scale = 1.0
         shapes = {

@@ -1,6 +1,6 @@
 """Parameter-efficient fine-tuning modules: LoRA, DoRA and QLoRA (NF4 base) linears."""
 
-from engine.modules.peft.lora import LoRALinear, dequantize, is_nf4, to_nf4
+from engine.modules.peft.lora import LoRALinear, dequantize, is_nf4, lora_scale, to_nf4
 from engine.modules.peft.utils import (
     disable_adapters,
     get_adapter_params,
@@ -14,6 +14,7 @@ __all__ = [
     "disable_adapters",
     "get_adapter_params",
     "is_nf4",
+    "lora_scale",
     "merged_state_dict",
     "set_trainable_params",
     "to_nf4",

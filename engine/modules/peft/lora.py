@@ -75,17 +75,26 @@ def dequantize(weight: torch.Tensor) -> torch.Tensor:
     return weight.get_original_weight() if is_nf4(weight) else weight
 
 
+def lora_scale(alpha: float, rank: int, use_rslora: bool = False) -> float:
+    """The adapter's scale: `alpha / rank` (LoRA), or `alpha / sqrt(rank)` (rsLoRA, Kalajdzievski 2023:
+    the update's size stays put as the rank grows, PEFT's `use_rslora=True`)."""
+    return alpha / math.sqrt(rank) if use_rslora else alpha / rank
+
+
 class LoRALinear(nn.Module):
-    """`y = W x + b + (alpha / rank) * B A dropout(x)` with W (and b) frozen.
+    """`y = W x + b + scale * B A dropout(x)` with W (and b) frozen; `scale = alpha / rank`, or
+    `alpha / sqrt(rank)` with `use_rslora` (see `lora_scale`).
 
     Args:
         in_dim (int), out_dim (int): base linear sizes.
         rank (int): adapter rank r (> 0).
-        alpha (float): scale numerator; the update is scaled by `alpha / rank`.
+        alpha (float): scale numerator; the update is scaled by `alpha / rank`
+            (`alpha / sqrt(rank)` with `use_rslora`).
         dropout (float): dropout on the adapter input; default 0.
         use_bias (bool): whether the base linear has a (frozen) bias; default False.
         quantize_base (bool): store W as NF4 and dequantise on the fly (QLoRA); default False.
         use_dora (bool): weight-decomposed LoRA (Liu et al., 2024) with a trainable `magnitude`.
+        use_rslora (bool): rank-stabilised scale `alpha / sqrt(rank)`; default False.
 
     Raises ValueError for rank < 1 and for NF4 on a weight torchao cannot block (see `to_nf4`).
     """
@@ -100,12 +109,14 @@ class LoRALinear(nn.Module):
         use_bias: bool = False,
         quantize_base: bool = False,
         use_dora: bool = False,
+        use_rslora: bool = False,
     ) -> None:
         super().__init__()
         if rank < 1:
             raise ValueError(f"lora_rank must be >= 1, got {rank}")
         self.in_dim, self.out_dim, self.rank, self.alpha = in_dim, out_dim, rank, alpha
-        self.scale = alpha / rank
+        self.use_rslora = use_rslora
+        self.scale = lora_scale(alpha, rank, use_rslora)
         self.quantize_base = quantize_base
         self.use_dora = use_dora
         self.disabled = False
@@ -175,5 +186,5 @@ class LoRALinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_dim={self.in_dim}, out_dim={self.out_dim}, rank={self.rank}, alpha={self.alpha}, "
-            f"nf4={self.quantize_base}, dora={self.use_dora}"
+            f"nf4={self.quantize_base}, dora={self.use_dora}, rslora={self.use_rslora}"
         )

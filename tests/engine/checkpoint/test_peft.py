@@ -59,14 +59,22 @@ TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(
             lora_alpha=16.0,
         ),
         dict(lora_attn_modules=("q_proj", "v_proj"), lora_rank=4, lora_alpha=8.0, use_dora=True),
+        dict(
+            lora_attn_modules=("q_proj", "v_proj"),
+            apply_lora_to_mlp=True,
+            lora_rank=16,
+            lora_alpha=8.0,
+            use_rslora=True,
+        ),  # fmt: skip
     ],
-    ids=["qv", "all", "dora"],
+    ids=["qv", "all", "dora", "rslora"],
 )
 def test_peft_loads_our_adapters_with_equal_logits(hf_dir, tmp_path, lora):
     model = _lora_model(hf_dir, **lora)
     out = save_adapters(model, tmp_path / "adapter", base_model_dir=hf_dir)
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["r"] == lora["lora_rank"] and config["peft_type"] == "LORA"
+    assert config["use_rslora"] is lora.get("use_rslora", False)
 
     base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
     reference = peft.PeftModel.from_pretrained(base, out).eval()
@@ -102,3 +110,31 @@ def test_load_adapters_round_trip_and_mismatch(hf_dir, tmp_path):
         load_adapters(other, out)
     with pytest.raises(CheckpointError, match="not a PEFT adapter folder"):
         load_adapters(other, tmp_path)
+
+
+def test_peft_rslora_adapters_load_in_ours_with_equal_logits(hf_dir, tmp_path):
+    """The other direction: adapters PEFT trains with `use_rslora=True` (scale alpha / sqrt(r)) load
+    into our decoder (`load_eval_model` reads `use_rslora`) with PEFT's logits; without rsLoRA the
+    same weights give other logits (the scale is 4x at r=16), so the flag is really read."""
+    from engine.eval.model_loading import load_eval_model
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    config = peft.LoraConfig(r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj"])
+    theirs = peft.get_peft_model(base, config)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    theirs.save_pretrained(tmp_path / "adapter")
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    saved["base_model_name_or_path"] = str(hf_dir)
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(saved))
+    ours = load_eval_model(tmp_path / "adapter")
+    with torch.no_grad():
+        expected = theirs.eval()(TOKENS).logits
+        torch.testing.assert_close(ours(TOKENS), expected, atol=1e-5, rtol=1e-5)
+        saved["use_rslora"] = False
+        (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(saved))
+        plain = load_eval_model(tmp_path / "adapter")
+        assert (plain(TOKENS) - expected).abs().max() > 1e-3

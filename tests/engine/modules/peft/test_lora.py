@@ -30,6 +30,21 @@ def _randomize_adapters(model, seed=0):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
+def test_rslora_scale_is_alpha_over_sqrt_rank():
+    """rsLoRA's scale alpha / sqrt(r) (PEFT's use_rslora), LoRA's alpha / r, on linears and stacked
+    experts alike; the update is the scale times B A."""
+    from engine.modules.moe import GroupedExperts
+
+    assert LoRALinear(8, 8, rank=16, alpha=8.0, use_rslora=True).scale == pytest.approx(2.0)
+    assert LoRALinear(8, 8, rank=16, alpha=8.0).scale == pytest.approx(0.5)
+    assert GroupedExperts(2, 8, 16, lora_rank=4, lora_alpha=8.0, use_rslora=True).scale == pytest.approx(4.0)
+    layer = LoRALinear(32, 48, rank=4, alpha=8.0, use_rslora=True)
+    _randomize_adapters(layer)
+    x = torch.randn(3, 32)
+    delta = 4.0 * (layer.lora_b.weight @ layer.lora_a.weight)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight + delta), atol=1e-5, rtol=1e-5)
+
+
 def test_zero_initialised_adapter_equals_base_linear():
     torch.manual_seed(0)
     layer = LoRALinear(32, 48, rank=4, alpha=8.0, use_bias=True)
@@ -48,8 +63,11 @@ def test_forward_equals_dense_merged_weight(use_dora):
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("use_dora", [False, True])
-def test_lora_llama_matches_peft(use_dora, tmp_path):
+@pytest.mark.parametrize(
+    "use_dora, use_rslora", [(False, False), (True, False), (False, True), (True, True)],
+    ids=["lora", "dora", "rslora", "dora-rslora"],
+)  # fmt: skip
+def test_lora_llama_matches_peft(use_dora, use_rslora, tmp_path):
     peft = pytest.importorskip("peft")
     reference = hf_model("llama3")
     reference.save_pretrained(tmp_path / "base")
@@ -59,6 +77,7 @@ def test_lora_llama_matches_peft(use_dora, tmp_path):
         lora_rank=4,
         lora_alpha=8.0,
         use_dora=use_dora,
+        use_rslora=use_rslora,
     )
     ours = from_pretrained(tmp_path / "base", lora=settings)
     _randomize_adapters(ours)
@@ -67,6 +86,7 @@ def test_lora_llama_matches_peft(use_dora, tmp_path):
         lora_alpha=8,
         lora_dropout=0.0,
         use_dora=use_dora,
+        use_rslora=use_rslora,
         target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
     theirs = peft.get_peft_model(reference, config).eval()
