@@ -15,6 +15,7 @@ from engine.modules.attention_masks import (
     sliding_window_mask,
 )
 from engine.modules.flex_attention import FlexDocumentMask, flex_attention_available
+from engine.modules.neftune import add_neftune_noise
 from engine.modules.rotary import RotaryEmbedding
 
 
@@ -70,7 +71,8 @@ class TransformerDecoder(nn.Module):
     Position ids default to `0..S-1` (or `input_pos` when caching); with packing the caller passes
     ids that restart per document. `document_ids` makes attention block-causal (a FlexAttention
     block mask on CUDA, a dense `[B,S,S]` mask on CPU: `attention_backend` "auto" | "flex" | "sdpa").
-    An explicit `mask` wins over `document_ids`. Under context parallelism (`context_parallel`, set
+    An explicit `mask` wins over `document_ids`. With `neftune_alpha > 0` (set by the recipes'
+    `neftune_alpha` key) the embeddings get NEFTune's noise in training mode only. Under context parallelism (`context_parallel`, set
     by `parallelize`) the tokens are this rank's slice and `position_ids` are required. With KV caches (`setup_caches`), `input_pos` is required.
     """
 
@@ -98,6 +100,8 @@ class TransformerDecoder(nn.Module):
         self.attention_backend = "auto"
         # Set by `parallelize` when cp > 1: builds the ring-attention mask of each forward.
         self.context_parallel = None
+        # NEFTune (`engine.modules.neftune`): > 0 adds noise to the input embeddings in training mode.
+        self.neftune_alpha = 0.0
 
     # ---- output projection -------------------------------------------------------------
     @property
@@ -192,6 +196,8 @@ class TransformerDecoder(nn.Module):
             base = input_pos if input_pos is not None else torch.arange(s, device=tokens.device)
             position_ids = base[None, :]
         h = self.tok_embeddings(tokens)  # [B,S,D]
+        if self.training and self.neftune_alpha > 0:
+            h = add_neftune_noise(h, self.neftune_alpha)
         rope = self.rope(position_ids, h.dtype)  # cos, sin: [B,S,hd]
         attn_mask = self._attention_mask(tokens, document_ids, mask, input_pos, position_ids)
         for layer in self.layers:

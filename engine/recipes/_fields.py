@@ -6,6 +6,7 @@ declares its own keys in place; see `engine.config.recipe_schema` for what reads
 
 from __future__ import annotations
 
+from engine.config._errors import ConfigProblem
 from engine.config.recipe_schema import REQUIRED, Field
 
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16")
@@ -109,7 +110,32 @@ SHARED: dict[str, Field] = {
         "true: continue from the latest checkpoint in output_dir; a path: from that checkpoint",
     ),
     "shuffle": Field(bool, True, "shuffle the training split each epoch (seeded)"),
+    "neftune_alpha": Field(
+        float,
+        0.0,
+        "NEFTune: uniform noise of alpha/sqrt(seq_len*dim) on input embeddings while training (0: off; "
+        "the paper's 5 is a common choice)",
+        minimum=0.0,
+    ),  # fmt: skip
 }
+
+
+def neftune_problems(cfg: dict) -> list[ConfigProblem]:
+    """`neftune_alpha` with tensor or context parallelism: those ranks hold the same (or one slice of
+    the) activations and would each draw other noise, so NEFTune runs under data parallelism / FSDP2."""
+    alpha = cfg.get("neftune_alpha") or 0
+    split = {k: cfg.get(k) for k in ("tensor_parallel_dim", "context_parallel_dim")}
+    split = {k: v for k, v in split.items() if isinstance(v, int) and not isinstance(v, bool) and v > 1}
+    if not isinstance(alpha, (int, float)) or alpha <= 0 or not split:
+        return []
+    key, degree = next(iter(split.items()))
+    return [
+        ConfigProblem(
+            "neftune_alpha",
+            f"NEFTune draws noise per rank, which {key}={degree} ranks must share",
+            f"set neftune_alpha: 0 or {key}: 1",
+        )
+    ]
 
 
 def shared(key: str, doc: str | None = None, **changes) -> Field:

@@ -27,6 +27,7 @@ from engine.checkpoint.recipe_state import resume_training, save_training_checkp
 from engine.config import ConfigError, instantiate
 from engine.config.recipe_schema import Field, Schema
 from engine.data.sampler import EpochBatchSampler
+from engine.modules.neftune import set_neftune_alpha
 from engine.recipes._entry import recipe_entry
 from engine.recipes._fields import shared, shared_fields
 from engine.training import recipe_loop
@@ -76,6 +77,7 @@ CONFIG_SCHEMA = Schema(
             "enable_activation_checkpointing", "recompute student blocks in backward"
         ),
         **shared_fields("compile", "save_every_n_steps", "keep_last_n_checkpoints", "resume", "shuffle"),
+        "neftune_alpha": shared("neftune_alpha", "NEFTune noise on the student's input embeddings (0: off)"),
     },
     max_nproc=1,
     nproc_note="distillation runs on one process",
@@ -113,6 +115,7 @@ class KDRecipe:
             cfg["model"], cfg["checkpoint_dir"], trainable=True, seed=self.seed,
             activation_checkpointing=bool(cfg["enable_activation_checkpointing"]), **common,
         )  # fmt: skip
+        set_neftune_alpha(self.model, cfg["neftune_alpha"])  # the student only, in training mode
         self.teacher, _, _ = build_model(
             cfg["teacher_model"], cfg["teacher_checkpoint_dir"], trainable=False, seed=self.seed + 1,
             field="teacher_model", dir_field="teacher_checkpoint_dir", **common,

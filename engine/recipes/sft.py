@@ -39,8 +39,9 @@ from engine.config.recipe_schema import Field, Schema
 from engine.data.collate import collate_for
 from engine.data.sampler import EpochBatchSampler
 from engine.modules.moe import weighted_aux_loss
+from engine.modules.neftune import set_neftune_alpha
 from engine.recipes._entry import recipe_entry
-from engine.recipes._fields import shared, shared_fields, validation_field
+from engine.recipes._fields import neftune_problems, shared, shared_fields, validation_field
 from engine.training import recipe_loop
 from engine.training.device_mesh import check_parallel_degrees, parallel_dims
 from engine.training.distributed import all_reduce_sum
@@ -166,9 +167,10 @@ CONFIG_SCHEMA = Schema(
             int, 0, "data-loader worker processes (0: load in the training process)", minimum=0
         ),
         "shuffle": shared("shuffle"),
+        "neftune_alpha": shared("neftune_alpha"),
         "log_every_n_steps": _POSITIVE.but(doc="print a line every N steps when no tracker run is attached"),
     },
-    checks=(_optimizer_in_backward_problems,),
+    checks=(_optimizer_in_backward_problems, neftune_problems),
     nproc_check=_parallel_problems,
 )
 
@@ -245,6 +247,7 @@ class SFTRecipe:
             expert_mesh=build_expert_mesh(self.world_size, self.ep, self.device.type) if self.ep > 1 else None,
             replicate_quantized=self.world_size == self.tp,
         )  # fmt: skip
+        set_neftune_alpha(model, cfg["neftune_alpha"])  # noise on the embeddings in training mode only
         # Under TP an untied output is vocab-sharded: loss parallel replaces the configured loss.
         self.loss_parallel = self.tp > 1 and getattr(model, "output", None) is not None
         self.is_moe = bool(moe_layers(model))

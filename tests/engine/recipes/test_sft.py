@@ -173,3 +173,22 @@ def test_packed_batches_with_activation_checkpointing_match_without(shared_asset
     )
     for (name, a), b in zip(trainable_state(plain).items(), trainable_state(ac).values()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_neftune_noise_reaches_training_only(shared_assets, tmp_path):
+    """`neftune_alpha: 5` reaches the decoder: the first step's training loss (noisy embeddings, same
+    weights and batch) moves off the plain run's by a little; in eval mode the trained model's logits
+    are the same with the alpha set or cleared (no noise outside training)."""
+    plain = run_recipe(tiny_config(shared_assets, tmp_path / "a", max_steps_per_epoch=2, optimizer=SGD))
+    noisy = run_recipe(
+        tiny_config(shared_assets, tmp_path / "b", max_steps_per_epoch=2, optimizer=SGD, neftune_alpha=5.0)
+    )
+    assert noisy.model.neftune_alpha == 5.0 and plain.model.neftune_alpha == 0.0
+    first_plain, first_noisy = plain.loss_history[0], noisy.loss_history[0]
+    assert first_noisy != first_plain and abs(first_noisy - first_plain) < 0.05 * first_plain
+    tokens = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    model = noisy.model.eval()
+    with torch.no_grad():
+        with_alpha = model(tokens)
+        model.neftune_alpha = 0.0
+        torch.testing.assert_close(model(tokens), with_alpha, rtol=0, atol=0)
